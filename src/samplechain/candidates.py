@@ -1,0 +1,172 @@
+"""``Candidates``: the token candidates of one sampling step, as a structure of arrays.
+
+A fresh full-vocabulary set stores only the logits (ids are implicit, ``0..n-1``) and copies nothing.
+Samplers never write into the arrays: they install new ones through :meth:`Candidates.set_logits`,
+:meth:`Candidates.take` or :meth:`Candidates.replace`, so the caller's logits are never modified and every
+derived value (``probs``, the maximum logit) is dropped the moment the logits it came from change.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from samplechain._numeric import F32
+
+_IDS_CACHE = np.arange(0, dtype=np.int32)
+
+
+def _arange(n: int) -> np.ndarray:
+    global _IDS_CACHE
+    if n > len(_IDS_CACHE):
+        _IDS_CACHE = np.arange(max(n, 2 * len(_IDS_CACHE)), dtype=np.int32)
+        _IDS_CACHE.flags.writeable = False
+    return _IDS_CACHE[:n]
+
+
+class Candidates:
+    """Candidate token ids with their logits, lazily derived probabilities, selection and sort flag."""
+
+    __slots__ = ("_ids", "_logits", "_probs", "_max", "selected", "sorted")
+
+    def __init__(
+        self,
+        ids: np.ndarray | None,
+        logits: np.ndarray,
+        probs: np.ndarray | None = None,
+        *,
+        sorted: bool = False,
+        selected: int = -1,
+    ) -> None:
+        self._ids = ids
+        self._logits = logits
+        self._probs = probs
+        self._max = None
+        self.selected = selected
+        self.sorted = sorted
+
+    @classmethod
+    def from_logits(cls, logits: object) -> Candidates:
+        """Candidates over the full vocabulary, ids ``0..n-1``; float32 input is used without a copy.
+
+        Raises ``ValueError`` for empty input, a non-1-D shape, NaN or +inf.
+        """
+        x = logits if type(logits) is np.ndarray and logits.dtype == F32 else np.asarray(logits, dtype=F32)
+        if x.ndim != 1:
+            raise ValueError(f"logits must be a 1-D array, got shape {x.shape}")
+        if x.size == 0:
+            raise ValueError("logits must not be empty")
+        m = x.max()
+        if not m < np.inf:  # NaN or +inf (NaN propagates through max)
+            bad = "NaN" if np.isnan(x).any() else "+inf"
+            raise ValueError(f"logits must not contain {bad}")
+        if x.flags.writeable:
+            x = x.view()
+            x.flags.writeable = False
+        c = cls(None, x)
+        c._max = m
+        return c
+
+    @classmethod
+    def from_arrays(
+        cls, ids: object, logits: object, probs: object | None = None, *, sorted: bool = False
+    ) -> Candidates:
+        """Candidates from explicit ids and logits (and optionally probabilities), validated."""
+        ids_a = np.asarray(ids, dtype=np.int32)
+        x = np.asarray(logits, dtype=F32)
+        if ids_a.ndim != 1 or x.ndim != 1 or len(ids_a) != len(x):
+            raise ValueError(f"ids and logits must be 1-D of equal length, got {ids_a.shape} and {x.shape}")
+        if np.isnan(x).any() or np.isposinf(x).any():
+            raise ValueError("logits must not contain NaN or +inf")
+        p = None if probs is None else np.asarray(probs, dtype=F32)
+        if p is not None and p.shape != x.shape:
+            raise ValueError(f"probs must have the shape of logits, got {p.shape}")
+        return cls(ids_a, x, p, sorted=sorted)
+
+    # --- read access -------------------------------------------------------------------------------------
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Token ids (int32) of the current candidates."""
+        return _arange(len(self._logits)) if self._ids is None else self._ids
+
+    @property
+    def logits(self) -> np.ndarray:
+        """Logits (float32) of the current candidates."""
+        return self._logits
+
+    @property
+    def probs(self) -> np.ndarray | None:
+        """Probabilities written for the current logits by the last sampler that computed them, else None."""
+        return self._probs
+
+    @property
+    def identity(self) -> bool:
+        """True while the candidates are the untouched full vocabulary in id order (``ids[i] == i``)."""
+        return self._ids is None
+
+    @property
+    def max_logit(self) -> np.float32:
+        """The largest current logit (cached until the logits change)."""
+        if self._max is None:
+            self._max = self._logits.max()
+        return self._max
+
+    @property
+    def token(self) -> int:
+        """The selected token id; ``ValueError`` when nothing is selected."""
+        if not 0 <= self.selected < len(self._logits):
+            raise ValueError("no candidate is selected")
+        return int(self.ids[self.selected])
+
+    def __len__(self) -> int:
+        return len(self._logits)
+
+    def __repr__(self) -> str:
+        return f"Candidates(n={len(self)}, selected={self.selected}, sorted={self.sorted})"
+
+    # --- writes (each installs new arrays and drops what was derived from the old ones) -------------------
+
+    def set_logits(self, logits: np.ndarray, probs: np.ndarray | None = None) -> None:
+        """New logits for the same ids; probabilities are dropped unless computed for these logits."""
+        self._logits = logits
+        self._probs = probs
+        self._max = None
+
+    def set_probs(self, probs: np.ndarray) -> None:
+        """Probabilities computed from the current logits."""
+        self._probs = probs
+
+    def take(self, index: np.ndarray | slice, *, sorted: bool | None = None) -> None:
+        """Keep the candidates at ``index`` (an index array or a slice), in that order."""
+        self._ids = self.ids[index]
+        self._logits = self._logits[index]
+        if self._probs is not None:
+            self._probs = self._probs[index]
+        self._max = None
+        if sorted is not None:
+            self.sorted = sorted
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` candidates (order and sort flag unchanged)."""
+        if n < len(self._logits):
+            self.take(slice(0, n))
+
+    def replace(
+        self, ids: np.ndarray, logits: np.ndarray, probs: np.ndarray | None = None, *, sorted: bool
+    ) -> None:
+        """Install a new candidate set."""
+        self._ids = ids
+        self._logits = logits
+        self._probs = probs
+        self._max = None
+        self.sorted = sorted
+
+    def sort(self) -> None:
+        """Sort by descending logit, ties by current position (stable); sets ``sorted``."""
+        if not self.sorted:
+            self.take(np.argsort(-self._logits, kind="stable"), sorted=True)
+
+    def copy(self) -> Candidates:
+        c = Candidates(self._ids, self._logits, self._probs, sorted=self.sorted, selected=self.selected)
+        c._max = self._max
+        return c

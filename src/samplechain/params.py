@@ -1,0 +1,563 @@
+"""``SamplingParams`` (llama.cpp's ``common_params_sampling``) and ``CommonSampler`` (``common/sampling.cpp``).
+
+The chain ``CommonSampler`` builds (spec/samplers §5.2):
+
+1. ``logit-bias`` first, when any bias is set (user biases, then ``-inf`` for every EOG token with
+   ``ignore_eos``);
+2. with ``mirostat == 0``: one sampler per entry of ``samplers``, in order (default
+   ``penalties; dry; top_n_sigma; top_k; typ_p; top_p; min_p; xtc; temperature``), then ``adaptive-p`` if
+   ``adaptive_p`` appears in the list, else ``dist``; ``temperature`` is llama.cpp's ``temp_ext``;
+3. with ``mirostat == 1`` or ``2``: ``temp`` then ``mirostat`` / ``mirostat-v2``; every other sampler is dropped;
+4. samplers whose parameters make them no-ops are left out (``describe()`` shows what runs).
+
+Every RNG sampler gets the same ``seed``, as in llama.cpp, so the tokens are llama.cpp's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from samplechain.candidates import Candidates
+from samplechain.chain import Chain
+from samplechain.rng import DEFAULT_SEED, check_seed
+from samplechain.samplers import (
+    DRY, XTC, AdaptiveP, Dist, DynamicTemperature, Infill, LogitBias, MinP, Mirostat, MirostatV2, Penalties,
+    Sampler, Temperature, TopK, TopNSigma, TopP, Typical,
+)
+from samplechain.samplers._ops import check_int, check_number
+from samplechain.samplers.dry import DEFAULT_SEQ_BREAKERS
+from samplechain.vocab import Vocab
+
+INT32_MAX = 2**31 - 1
+
+# canonical name -> (one-letter code, extra accepted names); spec/samplers §5.3
+SAMPLER_TYPES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "penalties": ("e", ()),
+    "dry": ("d", ()),
+    "top_n_sigma": ("s", ("top-n-sigma", "topnsigma")),
+    "top_k": ("k", ("top-k", "topk")),
+    "typ_p": ("y", ("typ-p", "typp", "typ")),
+    "top_p": ("p", ("top-p", "topp", "nucleus")),
+    "min_p": ("m", ("min-p", "minp")),
+    "xtc": ("x", ()),
+    "temperature": ("t", ("temp",)),
+    "infill": ("i", ()),
+    "adaptive_p": ("a", ("adaptive-p", "adaptivep")),
+}
+_BY_NAME = {alias: name for name, (_, aliases) in SAMPLER_TYPES.items() for alias in (name, *aliases)}
+_BY_CHAR = {char: name for name, (char, _) in SAMPLER_TYPES.items()}
+DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+
+
+def parse_sampler_names(names: str | Iterable[str]) -> tuple[str, ...]:
+    """Canonical sampler names from a ``;``-separated string or a list of names (case-insensitive)."""
+    items = names.split(";") if isinstance(names, str) else list(names)
+    out = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ValueError(f"sampler names must be strings, got {item!r}")
+        name = _BY_NAME.get(item.lower())
+        if name is None:
+            known = ", ".join(SAMPLER_TYPES)
+            raise ValueError(f"unknown sampler name {item!r} (known: {known} and their aliases)")
+        out.append(name)
+    return tuple(out)
+
+
+def parse_sampler_chars(chars: str) -> tuple[str, ...]:
+    """Canonical sampler names from one-letter codes, e.g. ``"edskypmxt"``."""
+    out = []
+    for ch in chars:
+        name = _BY_CHAR.get(ch)
+        if name is None:
+            raise ValueError(f"unknown sampler code {ch!r} (known: {''.join(_BY_CHAR)})")
+        out.append(name)
+    return tuple(out)
+
+
+def sampler_chars(names: Iterable[str]) -> str:
+    return "".join(SAMPLER_TYPES[n][0] for n in names)
+
+
+@dataclass
+class SamplingParams:
+    """Every llama.cpp sampling parameter with its default; field names are llama-server's request fields."""
+
+    seed: int = DEFAULT_SEED
+    n_prev: int = 64
+    n_probs: int = 0
+    min_keep: int = 0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.10
+    typical_p: float = 1.0
+    temperature: float = 0.80
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    repeat_last_n: int = 64
+    repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64
+    dry_sequence_breakers: tuple[str, ...] = DEFAULT_SEQ_BREAKERS
+    adaptive_target: float = -1.0
+    adaptive_decay: float = 0.90
+    mirostat: int = 0
+    top_n_sigma: float = -1.0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    ignore_eos: bool = False
+    no_perf: bool = False
+    post_sampling_probs: bool = False
+    backend_sampling: bool = False
+    samplers: tuple[str, ...] = DEFAULT_SAMPLERS
+    logit_bias: tuple[tuple[int | str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        self.seed = check_seed(self.seed)
+        for name in ("n_prev", "n_probs", "min_keep", "repeat_last_n", "dry_allowed_length",
+                     "dry_penalty_last_n"):
+            setattr(self, name, check_int(name, getattr(self, name), minimum=0))
+        self.top_k = check_int("top_k", self.top_k)
+        for name in ("top_p", "min_p", "xtc_probability", "xtc_threshold", "typical_p", "temperature",
+                     "dynatemp_range", "dynatemp_exponent", "frequency_penalty", "presence_penalty",
+                     "dry_multiplier", "dry_base", "adaptive_target", "top_n_sigma", "mirostat_tau",
+                     "mirostat_eta"):
+            setattr(self, name, check_number(name, getattr(self, name)))
+        rp = check_number("repeat_penalty", self.repeat_penalty)
+        if not rp > 0.0 or math.isinf(1.0 / rp):
+            raise ValueError(f"repeat_penalty must be > 0 with a finite reciprocal, got {rp} (1.0 disables it)")
+        self.repeat_penalty = rp
+        decay = check_number("adaptive_decay", self.adaptive_decay)
+        if not 0.0 <= decay <= 0.99:
+            raise ValueError(f"adaptive_decay must be in [0, 0.99], got {decay}")
+        self.adaptive_decay = decay
+        self.mirostat = check_int("mirostat", self.mirostat)
+        if self.mirostat not in (0, 1, 2):
+            raise ValueError(f"mirostat must be 0 (off), 1 or 2, got {self.mirostat}")
+        for name in ("ignore_eos", "no_perf", "post_sampling_probs", "backend_sampling"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        breakers = self.dry_sequence_breakers
+        breakers = (breakers,) if isinstance(breakers, str) else tuple(breakers)
+        for b in breakers:
+            if not isinstance(b, str):
+                raise ValueError(f"dry_sequence_breakers must be strings, got {b!r}")
+        self.dry_sequence_breakers = breakers
+        self.samplers = parse_sampler_names(self.samplers)
+        self.logit_bias = _parse_logit_bias(self.logit_bias)
+
+    # --- server request fields ---------------------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SamplingParams:
+        """Parameters from a llama-server request body (sampling fields only; ``null`` = absent).
+
+        Follows the server: clamps where it clamps, errors where it errors; unknown fields and values of the
+        wrong type raise ``ValueError`` naming the field.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"sampling parameters must be a JSON object, got {type(data).__name__}")
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if value is None:
+                continue
+            name = _ALIASES.get(key, key)
+            parse = _SERVER_FIELDS.get(name)
+            if parse is None:
+                raise ValueError(f"unknown sampling parameter {key!r}")
+            try:
+                kwargs[name] = parse(value)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"invalid value for {key!r}: {e}") from None
+        try:
+            return cls(**kwargs)
+        except ValueError as e:
+            raise ValueError(f"invalid sampling parameters: {e}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The request-field form; ``from_dict(p.to_dict()) == p``."""
+        d = dataclasses.asdict(self)
+        d["dry_sequence_breakers"] = list(self.dry_sequence_breakers)
+        d["samplers"] = list(self.samplers)
+        d["logit_bias"] = [[t, b if math.isfinite(b) else False] for t, b in self.logit_bias]
+        return d
+
+    @property
+    def sampler_chars(self) -> str:
+        return sampler_chars(self.samplers)
+
+
+def _parse_logit_bias(value: object) -> tuple[tuple[int | str, float], ...]:
+    """``[[token_or_text, bias_or_false], ...]`` or ``{"token_or_text": bias_or_false}``; false = -inf."""
+    if isinstance(value, Mapping):
+        items: Iterable = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        raise ValueError(f"logit_bias must be a list of [token, bias] pairs or an object, got {value!r}")
+    out = []
+    for item in items:
+        if not isinstance(item, (list, tuple)) or len(item) != 2:
+            raise ValueError(f"logit_bias entries must be [token, bias] pairs, got {item!r}")
+        token, bias = item
+        if isinstance(token, str) and isinstance(value, Mapping):
+            try:
+                token = int(token)
+            except ValueError:
+                pass
+        if isinstance(token, bool) or not isinstance(token, (int, str)):
+            raise ValueError(f"logit_bias token must be an id or a text, got {token!r}")
+        if isinstance(token, int) and token < 0:
+            raise ValueError(f"logit_bias token id must be >= 0, got {token}")
+        if bias is False:
+            bias = -math.inf
+        bias = check_number(f"logit_bias of {token!r}", bias, finite=False)
+        if bias == math.inf:
+            raise ValueError(f"logit_bias of {token!r} must not be +inf")
+        out.append((token, bias))
+    return tuple(out)
+
+
+def _as_int(value: object) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"expected an integer, got {value!r}")
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if not isinstance(value, int):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _as_float(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"expected a number, got {value!r}")
+    return float(value)
+
+
+def _as_bool(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value
+
+
+def _clamp(lo: float, hi: float, conv=_as_float):
+    def parse(v: object) -> Any:
+        x = conv(v)
+        return x if math.isnan(x) else min(max(x, lo), hi)
+    return parse
+
+
+def _int_range(lo: int, hi: int):
+    def parse(v: object) -> int:
+        x = _as_int(v)
+        if not lo <= x <= hi:
+            raise ValueError(f"must be in [{lo}, {hi}], got {x}")
+        return x
+    return parse
+
+
+def _dry_base(v: object) -> float:
+    x = _as_float(v)
+    return x if x >= 1.0 else 1.75  # the server replaces values below 1 with its default
+
+
+def _breakers(v: object) -> tuple[str, ...]:
+    if not isinstance(v, list) or not v or not all(isinstance(s, str) for s in v):
+        raise ValueError("must be a non-empty array of strings")
+    return tuple(v)
+
+
+def _samplers(v: object) -> tuple[str, ...]:
+    if isinstance(v, str):
+        return parse_sampler_chars(v)
+    if isinstance(v, list):
+        return parse_sampler_names(v)
+    raise ValueError("must be an array of names or a string of one-letter codes")
+
+
+def _seed(v: object) -> int:
+    x = _as_int(v)
+    return DEFAULT_SEED if x == -1 else x
+
+
+_SERVER_FIELDS = {
+    "seed": _seed,
+    "n_prev": _int_range(0, INT32_MAX),
+    "n_probs": lambda v: max(_as_int(v), 0),
+    "min_keep": _int_range(0, INT32_MAX),
+    "top_k": _clamp(0, INT32_MAX, _as_int),
+    "top_p": _clamp(0.0, 1.0),
+    "min_p": _clamp(0.0, 1.0),
+    "xtc_probability": _clamp(0.0, 1.0),
+    "xtc_threshold": _clamp(0.0, 1.0),
+    "typical_p": _as_float,
+    "temperature": _clamp(0.0, math.inf),
+    "dynatemp_range": _as_float,
+    "dynatemp_exponent": _as_float,
+    "repeat_last_n": _int_range(0, INT32_MAX),
+    "repeat_penalty": _as_float,
+    "frequency_penalty": _as_float,
+    "presence_penalty": _as_float,
+    "dry_multiplier": _as_float,
+    "dry_base": _dry_base,
+    "dry_allowed_length": _int_range(0, INT32_MAX),
+    "dry_penalty_last_n": _int_range(0, INT32_MAX),
+    "dry_sequence_breakers": _breakers,
+    "adaptive_target": _clamp(-math.inf, 1.0),
+    "adaptive_decay": _as_float,
+    "mirostat": _clamp(0, 2, _as_int),
+    "top_n_sigma": _as_float,
+    "mirostat_tau": _as_float,
+    "mirostat_eta": _as_float,
+    "ignore_eos": _as_bool,
+    "no_perf": _as_bool,
+    "post_sampling_probs": _as_bool,
+    "backend_sampling": _as_bool,
+    "samplers": _samplers,
+    "logit_bias": _parse_logit_bias,
+}
+# llama-server aliases and llama.cpp's common_params_sampling names
+_ALIASES = {
+    "logprobs": "n_probs", "temp": "temperature", "typ_p": "typical_p", "penalty_last_n": "repeat_last_n",
+    "penalty_repeat": "repeat_penalty", "penalty_freq": "frequency_penalty",
+    "penalty_present": "presence_penalty",
+}
+
+
+class CommonSampler:
+    """llama.cpp's ``common_sampler``: the chain built from parameters, plus history, grammar and probabilities.
+
+    ``grammar`` is any sampler that masks (sets to -inf) the tokens it refuses and follows accepted tokens;
+    it is kept outside the chain and applied first (``grammar_first``) or by rejection (spec §5.5).
+    """
+
+    def __init__(
+        self,
+        params: SamplingParams | None = None,
+        vocab: Vocab | None = None,
+        *,
+        n_vocab: int | None = None,
+        grammar: Sampler | None = None,
+    ) -> None:
+        self.params = params if params is not None else SamplingParams()
+        self.vocab = vocab
+        if vocab is not None:
+            if n_vocab is not None and n_vocab != vocab.n_tokens:
+                raise ValueError(f"n_vocab {n_vocab} does not match the vocabulary's {vocab.n_tokens} tokens")
+            n_vocab = vocab.n_tokens
+        self.n_vocab = None if n_vocab is None else check_int("n_vocab", n_vocab, minimum=1)
+        self.grammar = grammar
+        self.chain = self._build_chain()
+        self.prev: deque[int] = deque(maxlen=max(32, self.params.n_prev))
+        self._cur: Candidates | None = None
+        self._t_total_us = 0.0
+
+    # --- construction ------------------------------------------------------------------------------------
+
+    def _logit_biases(self) -> list[tuple[int, float]]:
+        p = self.params
+        out: list[tuple[int, float]] = []
+        for token, bias in p.logit_bias:
+            if isinstance(token, str):
+                if self.vocab is None:
+                    raise ValueError(f"logit_bias for text {token!r} needs a vocabulary to tokenize it")
+                out.extend((t, bias) for t in self.vocab.tokenize(token))
+            else:
+                if self.n_vocab is not None and token >= self.n_vocab:
+                    raise ValueError(f"logit_bias token {token} is outside the vocabulary [0, {self.n_vocab})")
+                out.append((token, bias))
+        if p.ignore_eos and self.vocab is not None:
+            out.extend((t, -math.inf) for t in sorted(self.vocab.eog))
+        return out
+
+    def _build_chain(self) -> Chain:
+        p = self.params
+        members: list[Sampler] = [LogitBias(self.n_vocab, self._logit_biases())]
+        if p.mirostat == 0:
+            for name in p.samplers:
+                s = self._make(name)
+                if s is not None:
+                    members.append(s)
+            if "adaptive_p" in p.samplers:
+                members.append(AdaptiveP(p.adaptive_target, p.adaptive_decay, p.seed))
+            else:
+                members.append(Dist(p.seed))
+        else:
+            members.append(Temperature(p.temperature))
+            if p.mirostat == 1:
+                if self.n_vocab is None:
+                    raise ValueError("mirostat 1 needs the vocabulary size: pass vocab or n_vocab")
+                members.append(Mirostat(self.n_vocab, p.seed, p.mirostat_tau, p.mirostat_eta, 100))
+            else:
+                members.append(MirostatV2(p.seed, p.mirostat_tau, p.mirostat_eta))
+        return Chain((s for s in members if not s.disabled), perf=not p.no_perf)
+
+    def _make(self, name: str) -> Sampler | None:
+        p = self.params
+        if name == "penalties":
+            return Penalties(p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty)
+        if name == "dry":
+            dry_off = p.dry_multiplier == 0.0 or p.dry_base < 1.0 or p.dry_penalty_last_n == 0
+            if dry_off:
+                return None
+            return DRY(self.vocab, p.dry_multiplier, p.dry_base, p.dry_allowed_length, p.dry_penalty_last_n,
+                       p.dry_sequence_breakers)
+        if name == "top_n_sigma":
+            return TopNSigma(p.top_n_sigma)
+        if name == "top_k":
+            return TopK(p.top_k)
+        if name == "typ_p":
+            return Typical(p.typical_p, p.min_keep)
+        if name == "top_p":
+            return TopP(p.top_p, p.min_keep)
+        if name == "min_p":
+            return MinP(p.min_p, p.min_keep)
+        if name == "xtc":
+            return XTC(p.xtc_probability, p.xtc_threshold, p.min_keep, p.seed)
+        if name == "temperature":
+            return DynamicTemperature(p.temperature, p.dynatemp_range, p.dynatemp_exponent)
+        if name == "infill":
+            return Infill(self.vocab)
+        return None  # adaptive_p: only marks that the selector is adaptive-p
+
+    # --- sampling ----------------------------------------------------------------------------------------
+
+    def _select(self, logits: object, with_grammar: bool) -> tuple[Candidates, int]:
+        c = Candidates.from_logits(logits)
+        if with_grammar:
+            self.grammar.apply(c)
+        self.chain.apply(c)
+        if not 0 <= c.selected < len(c):
+            raise ValueError(f"no token could be selected ({self.chain.describe()})")
+        return c, int(c.ids[c.selected])
+
+    def _grammar_allows(self, token: int) -> bool:
+        single = Candidates(np.array([token], dtype=np.int32), np.ones(1, dtype=np.float32))
+        self.grammar.apply(single)
+        return bool(np.isfinite(single.logits[0]))
+
+    def sample(self, logits: object, grammar_first: bool = False) -> int:
+        """Sample one token from ``logits`` and accept it (as generated); returns the token id."""
+        t0 = time.perf_counter()
+        has_grammar = self.grammar is not None
+        c, token = self._select(logits, has_grammar and grammar_first)
+        if has_grammar and not grammar_first and not self._grammar_allows(token):
+            c, token = self._select(logits, True)  # rejection: resample from fresh logits with the mask
+        self._cur = c
+        self._t_total_us += (time.perf_counter() - t0) * 1e6
+        self.accept(token, is_generated=True)
+        return token
+
+    def accept(self, token: int, is_generated: bool = False) -> None:
+        """Record ``token`` in the history and the chain; the grammar sees only generated tokens."""
+        t0 = time.perf_counter()
+        token = check_int("token", token, minimum=0)
+        if self.n_vocab is not None and token >= self.n_vocab:
+            raise ValueError(f"token {token} is outside the vocabulary [0, {self.n_vocab})")
+        if is_generated and self.grammar is not None:
+            self.grammar.accept(token)
+        self.chain.accept(token)
+        self.prev.append(token)
+        self._t_total_us += (time.perf_counter() - t0) * 1e6
+
+    def sample_and_accept_n(self, logits_rows: Sequence[object], draft: Sequence[int],
+                            grammar_first: bool = False) -> list[int]:
+        """Speculative verification: sample row i, stop at the first disagreement with ``draft[i]``.
+
+        ``logits_rows`` has ``len(draft) + 1`` rows; returns 1 to ``len(draft) + 1`` accepted tokens.
+        """
+        if len(logits_rows) != len(draft) + 1:
+            raise ValueError(f"need len(draft) + 1 = {len(draft) + 1} logits rows, got {len(logits_rows)}")
+        out: list[int] = []
+        for i, expected in enumerate(draft):
+            token = self.sample(logits_rows[i], grammar_first)
+            out.append(token)
+            if token != expected:
+                return out
+            if self.vocab is not None and self.vocab.is_eog(token) and i + 1 < len(draft):
+                return out
+        out.append(self.sample(logits_rows[len(draft)], grammar_first))
+        return out
+
+    # --- state -------------------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Clear the history and reset the chain and the grammar (llama.cpp leaves the grammar as is, P14)."""
+        self.prev.clear()
+        self.chain.reset()
+        if self.grammar is not None:
+            self.grammar.reset()
+
+    def clone(self) -> CommonSampler:
+        other = CommonSampler.__new__(CommonSampler)
+        other.params = self.params
+        other.vocab = self.vocab
+        other.n_vocab = self.n_vocab
+        other.grammar = None if self.grammar is None else self.grammar.clone()
+        other.chain = self.chain.clone()
+        other.prev = deque(self.prev, maxlen=self.prev.maxlen)
+        other._cur = None if self._cur is None else self._cur.copy()
+        other._t_total_us = 0.0
+        return other
+
+    @property
+    def candidates(self) -> Candidates | None:
+        """The candidates of the last sampling step, after the chain."""
+        return self._cur
+
+    def top_probs(self, n: int) -> list[tuple[int, float]]:
+        """Post-sampling probabilities of the last step: up to ``n`` (token, p) by descending p, stopping at
+        the first zero probability (llama-server's ``post_sampling_probs``)."""
+        n = check_int("n", n, minimum=0)
+        c = self._cur
+        if c is None or n == 0:
+            return []
+        probs = c.probs
+        if probs is None:
+            raise ValueError("the last step's chain left no probabilities")
+        order = np.argsort(-probs, kind="stable")[:n]
+        out = []
+        ids = c.ids
+        for i in order:
+            if probs[i] == 0.0:
+                break
+            out.append((int(ids[i]), float(probs[i])))
+        return out
+
+    def last(self) -> int:
+        if not self.prev:
+            raise ValueError("no token has been accepted yet")
+        return self.prev[-1]
+
+    def prev_str(self, n: int) -> str:
+        if self.vocab is None:
+            raise ValueError("prev_str needs a vocabulary")
+        tokens = list(self.prev)[-n:] if n > 0 else []
+        return self.vocab.detokenize(tokens)
+
+    @property
+    def seed(self) -> int | None:
+        return self.chain.seed
+
+    @property
+    def perf(self) -> dict[str, float]:
+        """``t_total_ms`` (sample + accept) and the chain's ``t_sample_ms`` / ``n_sample``."""
+        cp = self.chain.perf
+        return {"t_total_ms": self._t_total_us / 1000.0, "t_sample_ms": cp.t_sample_ms, "n_sample": cp.n_sample}
+
+    def describe(self) -> str:
+        return self.chain.describe()

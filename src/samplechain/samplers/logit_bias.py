@@ -1,0 +1,63 @@
+"""Logit bias: fixed additive biases per token id; ``-inf`` bans a token (spec §3.15)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from samplechain._numeric import F32
+from samplechain.candidates import Candidates
+from samplechain.samplers._ops import check_int, check_number
+from samplechain.samplers.base import TRANSFORM, Sampler
+from samplechain.samplers.penalties import positions_of
+
+
+def normalize_biases(
+    biases: Mapping[int, float] | Iterable[tuple[int, float]], n_vocab: int | None
+) -> dict[int, float]:
+    """Validated ``{token: bias}``; duplicate tokens are summed (llama.cpp sums them only on one path, P3)."""
+    items = biases.items() if isinstance(biases, Mapping) else biases
+    out: dict[int, float] = {}
+    for item in items:
+        try:
+            token, bias = item
+        except (TypeError, ValueError):
+            raise ValueError(f"logit bias entries must be (token, bias) pairs, got {item!r}") from None
+        token = check_int("logit bias token", token, minimum=0)
+        if n_vocab is not None and token >= n_vocab:
+            raise ValueError(f"logit bias token {token} is outside the vocabulary [0, {n_vocab})")
+        bias = check_number(f"logit bias of token {token}", bias, finite=False)
+        if bias == np.inf:
+            raise ValueError(f"logit bias of token {token} must not be +inf (use a finite value)")
+        out[token] = float(F32(out.get(token, 0.0) + bias))
+    return out
+
+
+class LogitBias(Sampler):
+    """Adds a fixed bias to chosen tokens' logits."""
+
+    name = "logit-bias"
+
+    def __init__(self, n_vocab: int | None, biases: Mapping[int, float] | Iterable[tuple[int, float]]) -> None:
+        self.n_vocab = None if n_vocab is None else check_int("n_vocab", n_vocab, minimum=1)
+        self.biases = normalize_biases(biases, self.n_vocab)
+        self.disabled = not self.biases
+        self._tokens = np.fromiter(self.biases.keys(), dtype=np.int64, count=len(self.biases))
+        self._values = np.fromiter(self.biases.values(), dtype=F32, count=len(self.biases))
+
+    def _params(self) -> dict:
+        return {"n_vocab": self.n_vocab, "biases": self.biases}
+
+    def apply(self, c: Candidates) -> None:
+        if self.disabled:
+            return
+        if c.identity and self.n_vocab is None and len(self._tokens) and self._tokens.max() >= len(c):
+            raise ValueError(f"logit bias token {int(self._tokens.max())} is outside the vocabulary [0, {len(c)})")
+        pos, which = positions_of(c, self._tokens)
+        if len(pos):
+            x = c.logits.copy()
+            x[pos] += self._values[which]
+            c.set_logits(x)
+            # llama.cpp keeps the sorted flag although the order may have changed (spec P2).
+            c.sorted = False

@@ -1,0 +1,75 @@
+"""Selecting samplers without their own distribution logic: greedy and dist (spec/samplers §3.1–3.2)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from samplechain._numeric import F32, F64, expf_rel
+from samplechain.candidates import Candidates
+from samplechain.rng import DEFAULT_SEED, LlamaRng, check_seed, resolve_seed
+from samplechain.samplers.base import SELECTOR, Sampler
+
+
+class Greedy(Sampler):
+    """Selects the first candidate with the largest logit. Empty candidates select nothing."""
+
+    name = "greedy"
+    effect = SELECTOR
+
+    def apply(self, c: Candidates) -> None:
+        c.selected = int(np.argmax(c.logits)) if len(c) else -1
+
+
+class SeededSampler(Sampler):
+    """A sampler with llama.cpp's seed handling: DEFAULT_SEED resolves to a random seed, again on reset."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = check_seed(seed)
+        self.seed_cur = resolve_seed(self.seed)
+        self.rng = LlamaRng(self.seed_cur)
+
+    def reset(self) -> None:
+        self.seed_cur = resolve_seed(self.seed)
+        self.rng.seed(self.seed_cur)
+
+    def clone(self) -> Sampler:
+        other = super().clone()
+        other.rng = self.rng.clone()
+        return other
+
+
+class Dist(SeededSampler):
+    """Draws a token from the softmax of the logits, exactly as llama.cpp's dist sampler (one double per draw)."""
+
+    name = "dist"
+    effect = SELECTOR
+
+    def __init__(self, seed: int = DEFAULT_SEED) -> None:
+        super().__init__(seed)
+
+    def _params(self) -> dict:
+        return {"seed": self.seed}
+
+    def apply(self, c: Candidates) -> None:
+        n = len(c)
+        if n == 0:
+            c.selected = -1
+            return
+        if n == 1:
+            self.rng.uniform_double()  # keeps the stream aligned with the device path (spec §3.2)
+            c.set_probs(np.ones(1, dtype=F32))
+            c.selected = 0
+            return
+        x = c.logits
+        m = x[0] if c.sorted else c.max_logit
+        if m == -np.inf:
+            raise ValueError("dist: every candidate is masked (-inf); nothing can be drawn")
+        e = expf_rel(x - m)
+        run = np.cumsum(e, dtype=F64)
+        total = run[-1]
+        target = total * self.rng.uniform_double()
+        # First running sum >= target. A draw of exactly 0 would pick index 0 even with p = 0 in llama.cpp
+        # (spec P7); searching strictly above 0 skips zero-probability entries instead.
+        i = int(np.searchsorted(run, target, side="left" if target > 0.0 else "right"))
+        c.set_probs((e / total).astype(F32))
+        c.selected = min(i, n - 1)

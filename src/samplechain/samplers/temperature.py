@@ -1,0 +1,78 @@
+"""Temperature and dynamic temperature (spec/samplers §1.5, §3.7, §3.8)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from samplechain._numeric import F32, F64, NEG_INF, logf, logf_array, powf, seq_sum_f32
+from samplechain.candidates import Candidates
+from samplechain.samplers._ops import check_number, softmax
+from samplechain.samplers.base import TRANSFORM, Sampler
+
+
+def scale(c: Candidates, t: np.float32) -> None:
+    """llama.cpp's temperature helper: divide by ``t``; ``t <= 0`` keeps only the first maximum."""
+    if len(c) == 0:
+        return
+    x = c.logits
+    if t <= 0.0:
+        keep = int(np.argmax(x))
+        masked = np.full(len(x), NEG_INF, dtype=F32)
+        masked[keep] = x[keep]
+        c.set_logits(masked)
+    else:
+        c.set_logits(x / t)
+
+
+class Temperature(Sampler):
+    """Divides the logits by ``t``; ``t <= 0`` keeps only the first largest logit; ``t == 1`` is a no-op."""
+
+    name = "temp"
+
+    def __init__(self, t: float) -> None:
+        self.t = F32(check_number("temperature", t))
+        self.disabled = bool(self.t == 1.0)
+
+    def _params(self) -> dict:
+        return {"t": float(self.t)}
+
+    def apply(self, c: Candidates) -> None:
+        if not self.disabled:
+            scale(c, self.t)
+
+
+class DynamicTemperature(Sampler):
+    """llama.cpp's ``temp_ext``: temperature in ``[t - delta, t + delta]`` chosen by normalised entropy."""
+
+    name = "temp-ext"
+
+    def __init__(self, t: float, delta: float, exponent: float) -> None:
+        self.t = F32(check_number("temperature", t))
+        self.delta = F32(check_number("dynatemp_range", delta))
+        self.exponent = F32(check_number("dynatemp_exponent", exponent))
+        self.disabled = bool(self.t == 1.0 and self.delta <= 0.0)
+
+    def _params(self) -> dict:
+        return {"t": float(self.t), "delta": float(self.delta), "exponent": float(self.exponent)}
+
+    def apply(self, c: Candidates) -> None:
+        if self.disabled:
+            return
+        if self.delta <= 0.0:
+            scale(c, self.t)
+            return
+        lo = max(F32(0.0), self.t - self.delta)
+        hi = self.t + self.delta
+        n = len(c)
+        if n <= 1:
+            return
+        max_entropy = -logf(F32(1.0) / F32(n))
+        probs = softmax(c, do_sort=True)
+        nz = probs[probs > 0.0]
+        entropy = -seq_sum_f32(nz * logf_array(nz))
+        dyn = lo + (hi - lo) * powf(entropy / max_entropy, self.exponent)
+        scale(c, F32(dyn))
+        x = c.logits
+        q = np.exp(x.astype(F64) - F64(x[0]))
+        total = np.cumsum(q)[-1]
+        c.set_probs((q.astype(F32).astype(F64) / total).astype(F32))

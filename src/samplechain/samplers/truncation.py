@@ -1,0 +1,242 @@
+"""Samplers that remove or mask candidates: top-k, top-p, min-p, typical, top-n-sigma, XTC (spec §3.3–3.10)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from samplechain._numeric import F32, F64, NEG_INF, expf, expf_rel, logf, logf_array, seq_sum_f32
+from samplechain.candidates import Candidates
+from samplechain.rng import DEFAULT_SEED
+from samplechain.samplers._ops import _SMALL, apply_top_k, check_int, check_number, softmax
+from samplechain.samplers.base import FILTER, Sampler
+from samplechain.samplers.selectors import SeededSampler
+
+
+class TopK(Sampler):
+    """Keeps the ``k`` largest logits, sorted descending; ``k <= 0`` is a no-op."""
+
+    name = "top-k"
+    effect = FILTER
+
+    def __init__(self, k: int) -> None:
+        self.k = check_int("top_k", k)
+        self.disabled = self.k <= 0
+
+    def _params(self) -> dict:
+        return {"k": self.k}
+
+    def apply(self, c: Candidates) -> None:
+        if not self.disabled and len(c):
+            apply_top_k(c, self.k)
+
+
+def _nucleus_size(p_desc: np.ndarray, p: np.float32, min_keep: int) -> int:
+    """Smallest prefix whose binary32 running sum reaches ``p`` with at least ``min_keep`` entries; 0 if none."""
+    run = np.cumsum(p_desc, dtype=F32)
+    if not run[-1] >= p:  # the running sum is non-decreasing: it never reaches p
+        return 0
+    i = max(int(np.argmax(run >= p)), min_keep - 1)
+    return i + 1 if i < len(run) else 0
+
+
+class TopP(Sampler):
+    """Nucleus sampling: the smallest descending prefix whose probability mass reaches ``p``."""
+
+    name = "top-p"
+    effect = FILTER
+
+    def __init__(self, p: float, min_keep: int = 1) -> None:
+        self.p = F32(check_number("top_p", p))
+        self.min_keep = check_int("min_keep", min_keep, minimum=0)
+        self.disabled = bool(self.p >= 1.0)
+
+    def _params(self) -> dict:
+        return {"p": float(self.p), "min_keep": self.min_keep}
+
+    def apply(self, c: Candidates) -> None:
+        n = len(c)
+        if self.disabled or n == 0:
+            return
+        if c.sorted or n <= _SMALL or not self._apply_large(c):
+            probs = softmax(c, do_sort=True)
+            keep = _nucleus_size(probs, self.p, self.min_keep)
+            c.truncate(keep if keep else n)
+
+    def _apply_large(self, c: Candidates) -> bool:
+        """Unsorted large input without a full sort: same result, touching each logit a few times.
+
+        The binary32 softmax sum is rebuilt exactly from the entries that can change it; the nucleus is then
+        searched among the entries above a logit threshold whose mass exceeds ``p`` with margin.
+        """
+        x = c.logits
+        m = c.max_logit
+        d = x - m
+        total = _softmax_sum_f32(d)
+        for cut in (-4.0, -8.0, -12.0, -17.5):
+            idx = np.flatnonzero(d >= F32(cut))
+            e = expf(d[idx])
+            if float(np.sum(e, dtype=F64)) / float(total) < float(self.p) + 1e-3:
+                continue
+            order = np.argsort(-x[idx], kind="stable")
+            idx, e = idx[order], e[order]
+            p_desc = e / total
+            keep = _nucleus_size(p_desc, self.p, self.min_keep)
+            if keep == 0:
+                return False
+            c.replace(c.ids[idx[:keep]], x[idx[:keep]], p_desc[:keep], sorted=True)
+            return True
+        return False
+
+
+_SIGNIFICANT = F32(-17.5)  # e^-17.5 < 2^-25: below half an ulp of any binary32 sum that holds a value >= 1
+
+
+def _softmax_sum_f32(d: np.ndarray) -> np.float32:
+    """``sum(expf(d))`` as llama.cpp's softmax accumulates it: binary32, left to right, ``d = x - max <= 0``.
+
+    Adding a term below half an ulp of the running sum leaves it unchanged, and the running sum never
+    decreases: once the sum holds ``expf(d_r)`` for some earlier entry r, later terms with
+    ``d < d_r - 17.5`` are exact no-ops. Those are skipped, so only entries near a running maximum are summed.
+    """
+    n = len(d)
+    keep = np.zeros(n, dtype=bool)
+    end = n
+    for _ in range(8):  # a few running maxima cover realistic logits; the rest is summed in full below
+        if end == 0:
+            break
+        seg = d[:end]
+        pos = int(np.argmax(seg))
+        level = seg[pos]
+        if level < F32(-80.0):  # everything left is (nearly) zero
+            break
+        keep[pos:end] = seg[pos:] >= level + _SIGNIFICANT
+        end = pos
+    keep[:end] = True
+    return seq_sum_f32(expf_rel(d[keep]))
+
+
+class MinP(Sampler):
+    """Keeps candidates whose probability is at least ``p`` times the largest one."""
+
+    name = "min-p"
+    effect = FILTER
+
+    def __init__(self, p: float, min_keep: int = 1) -> None:
+        self.p = F32(check_number("min_p", p))
+        self.min_keep = check_int("min_keep", min_keep, minimum=0)
+        self.disabled = bool(self.p <= 0.0)
+        self._log_p = logf(self.p) if not self.disabled else F32(0.0)
+
+    def _params(self) -> dict:
+        return {"p": float(self.p), "min_keep": self.min_keep}
+
+    def apply(self, c: Candidates) -> None:
+        if self.disabled or len(c) == 0:
+            return
+        if not c.sorted:
+            thr = c.max_logit + self._log_p
+            keep = np.flatnonzero(c.logits >= thr)
+            if len(keep) and len(keep) >= self.min_keep:
+                if len(keep) < len(c):
+                    c.take(keep)
+                return
+            c.sort()
+        x = c.logits
+        thr = x[0] + self._log_p
+        below = np.flatnonzero(x[1:] < thr)  # first entry always kept; cut at the first one below thr
+        n_keep = int(below[0]) + 1 if len(below) else len(x)
+        c.truncate(max(n_keep, min(self.min_keep, len(x))))
+
+
+class Typical(Sampler):
+    """Locally typical sampling: keeps the tokens whose surprise is closest to the entropy, mass > ``p``."""
+
+    name = "typical"
+    effect = FILTER
+
+    def __init__(self, p: float, min_keep: int = 1) -> None:
+        self.p = F32(check_number("typical_p", p))
+        self.min_keep = check_int("min_keep", min_keep, minimum=0)
+        self.disabled = bool(self.p >= 1.0)
+
+    def _params(self) -> dict:
+        return {"p": float(self.p), "min_keep": self.min_keep}
+
+    def apply(self, c: Candidates) -> None:
+        if self.disabled or len(c) == 0:
+            return
+        probs = softmax(c, do_sort=True)
+        logp = logf_array(probs)
+        # Zero probabilities (-inf logits) are skipped in the entropy; llama.cpp lets 0*log(0) = NaN
+        # poison it (spec P5).
+        terms = np.where(probs > 0, -(probs * logp), F32(0.0))
+        entropy = seq_sum_f32(terms.astype(F32))
+        with np.errstate(invalid="ignore"):
+            scores = np.abs(-logp - entropy)
+        order = np.argsort(scores, kind="stable")
+        run = np.cumsum(probs[order], dtype=F32)
+        first = max(self.min_keep - 1, 0)
+        hits = np.flatnonzero(run[first:] > self.p)
+        keep = first + int(hits[0]) + 1 if len(hits) else len(order)
+        c.take(order[:keep], sorted=False)
+
+
+class TopNSigma(Sampler):
+    """Masks logits more than ``n`` standard deviations below the maximum (over finite logits)."""
+
+    name = "top-n-sigma"
+    effect = FILTER
+
+    def __init__(self, n: float) -> None:
+        self.n = F32(check_number("top_n_sigma", n))
+        self.disabled = bool(self.n <= 0.0)
+
+    def _params(self) -> dict:
+        return {"n": float(self.n)}
+
+    def apply(self, c: Candidates) -> None:
+        if self.disabled or len(c) <= 1:
+            return
+        x = c.logits
+        finite = x[x != -np.inf]
+        count = len(finite)
+        if count == 0:
+            return
+        mx = finite.max()
+        mean = seq_sum_f32(finite) / F32(count)
+        dev = finite - mean
+        var = seq_sum_f32((dev.astype(F64) ** 2).astype(F32))
+        std = F32(np.sqrt(var / F32(count)))
+        thr = mx - self.n * std
+        masked = x < thr
+        if masked.any():
+            c.set_logits(np.where(masked, NEG_INF, x))
+
+
+class XTC(SeededSampler):
+    """Exclude Top Choices: with probability ``p``, drops every token above threshold ``t`` but the last one."""
+
+    name = "xtc"
+    effect = FILTER
+
+    def __init__(self, p: float, t: float, min_keep: int = 1, seed: int = DEFAULT_SEED) -> None:
+        self.p = F32(check_number("xtc_probability", p))
+        self.t = F32(check_number("xtc_threshold", t))
+        self.min_keep = check_int("min_keep", min_keep, minimum=0)
+        self.disabled = bool(self.p <= 0.0 or self.t > 0.5)
+        super().__init__(seed)
+
+    def _params(self) -> dict:
+        return {"p": float(self.p), "t": float(self.t), "min_keep": self.min_keep, "seed": self.seed}
+
+    def apply(self, c: Candidates) -> None:
+        if self.disabled or len(c) < 2:
+            return
+        if self.rng.uniform_float() > self.p:
+            return
+        probs = softmax(c, do_sort=True)
+        below = np.flatnonzero(probs < self.t)
+        last = int(below[0]) if len(below) else len(probs)
+        last = last - 1 if last > 0 else 0  # index of the last entry >= t
+        if last > 0 and len(c) - last >= self.min_keep:
+            c.take(slice(last, None))

@@ -1,0 +1,120 @@
+"""``Vocab``: token byte strings, special and end-of-generation sets, and incremental UTF-8 decoding.
+
+This is the part of the vocabulary the samplers need (DRY breakers, infill pieces). Without a model's
+tokenizer, :meth:`Vocab.tokenize` uses greedy longest-match over the token bytes; ``Vocab.from_gguf`` (the
+runtime) brings the model's own tokenizer.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterable, Sequence
+
+
+class StreamDecoder:
+    """Turns tokens into text incrementally; never emits part of a multi-byte character."""
+
+    def __init__(self, vocab: Vocab) -> None:
+        self._vocab = vocab
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token: int) -> str:
+        return self._decoder.decode(self._vocab.token_bytes(token))
+
+    def flush(self) -> str:
+        """Whatever is pending, with an incomplete trailing sequence replaced by U+FFFD."""
+        return self._decoder.decode(b"", final=True)
+
+
+class Vocab:
+    """A vocabulary: each token's raw bytes, its special/end-of-generation status, and BOS/EOS/EOT ids."""
+
+    def __init__(
+        self,
+        tokens: Sequence[bytes],
+        *,
+        eog: Iterable[int] = (),
+        special: Iterable[int] = (),
+        bos: int | None = None,
+        eos: int | None = None,
+        eot: int | None = None,
+    ) -> None:
+        self._tokens = [self._check_token(i, t) for i, t in enumerate(tokens)]
+        if not self._tokens:
+            raise ValueError("a vocabulary needs at least one token")
+        n = len(self._tokens)
+        self.bos = self._check_id("bos", bos)
+        self.eos = self._check_id("eos", eos)
+        self.eot = self._check_id("eot", eot)
+        self.eog = frozenset(self._check_id("eog token", t) for t in eog)
+        if self.eos is not None or self.eot is not None:
+            self.eog |= {t for t in (self.eos, self.eot) if t is not None}
+        self.special = frozenset(self._check_id("special token", t) for t in special)
+        self._lookup: dict[bytes, int] | None = None
+        self._max_len = max(len(t) for t in self._tokens)
+        self._dry_cache: dict = {}
+        assert n == self.n_tokens
+
+    @staticmethod
+    def _check_token(i: int, t: object) -> bytes:
+        if isinstance(t, str):
+            return t.encode("utf-8")
+        if not isinstance(t, (bytes, bytearray)):
+            raise ValueError(f"token {i} must be bytes or str, got {type(t).__name__}")
+        return bytes(t)
+
+    def _check_id(self, what: str, token: int | None) -> int | None:
+        if token is None:
+            return None
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < len(self._tokens):
+            raise ValueError(f"{what} {token!r} is not a token id in [0, {len(self._tokens)})")
+        return token
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self._tokens)
+
+    def token_bytes(self, token: int) -> bytes:
+        """The token's raw bytes (special tokens rendered as their text)."""
+        return self._tokens[token]
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The token's bytes as llama.cpp's ``token_to_piece``: special tokens are empty unless ``special``."""
+        if not special and token in self.special:
+            return b""
+        return self._tokens[token]
+
+    def is_eog(self, token: int) -> bool:
+        return token in self.eog
+
+    def tokenize_bytes(self, data: bytes) -> list[int]:
+        """Greedy longest-match tokenization over the non-special tokens (the fallback tokenizer)."""
+        if self._lookup is None:
+            self._lookup = {}
+            for i, t in enumerate(self._tokens):
+                if t and i not in self.special:
+                    self._lookup.setdefault(t, i)
+        out: list[int] = []
+        pos = 0
+        while pos < len(data):
+            for length in range(min(self._max_len, len(data) - pos), 0, -1):
+                token = self._lookup.get(data[pos : pos + length])
+                if token is not None:
+                    out.append(token)
+                    pos += length
+                    break
+            else:
+                raise ValueError(f"cannot tokenize byte {data[pos]:#04x} at offset {pos}: no token covers it")
+        return out
+
+    def tokenize(self, text: str, add_special: bool = False) -> list[int]:
+        ids = self.tokenize_bytes(text.encode("utf-8"))
+        if add_special and self.bos is not None:
+            ids.insert(0, self.bos)
+        return ids
+
+    def detokenize(self, ids: Iterable[int]) -> str:
+        return b"".join(self.piece(int(t)) for t in ids).decode("utf-8", errors="replace")
+
+    def stream_decoder(self) -> StreamDecoder:
+        return StreamDecoder(self)
