@@ -5,8 +5,24 @@ from samplechain.chain import Chain
 from samplechain.params import CommonSampler, SamplingParams
 from samplechain.rng import DEFAULT_SEED
 from samplechain.samplers import (
-    DRY, XTC, AdaptiveP, Dist, DynamicTemperature, Greedy, Infill, LogitBias, MinP, Mirostat, MirostatV2,
-    Penalties, Sampler, Temperature, TopK, TopNSigma, TopP, Typical,
+    DRY,
+    XTC,
+    AdaptiveP,
+    Dist,
+    DynamicTemperature,
+    Greedy,
+    Infill,
+    LogitBias,
+    MinP,
+    Mirostat,
+    MirostatV2,
+    Penalties,
+    Sampler,
+    Temperature,
+    TopK,
+    TopNSigma,
+    TopP,
+    Typical,
 )
 from samplechain.vocab import Vocab
 

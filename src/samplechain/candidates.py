@@ -26,7 +26,7 @@ def _arange(n: int) -> np.ndarray:
 class Candidates:
     """Candidate token ids with their logits, lazily derived probabilities, selection and sort flag."""
 
-    __slots__ = ("_ids", "_logits", "_probs", "_max", "selected", "sorted")
+    __slots__ = ("_ids", "_logits", "_max", "_probs", "selected", "sorted")
 
     def __init__(
         self,

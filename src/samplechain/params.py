@@ -20,7 +20,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,8 +29,23 @@ from samplechain.candidates import Candidates
 from samplechain.chain import Chain
 from samplechain.rng import DEFAULT_SEED, check_seed
 from samplechain.samplers import (
-    DRY, XTC, AdaptiveP, Dist, DynamicTemperature, Infill, LogitBias, MinP, Mirostat, MirostatV2, Penalties,
-    Sampler, Temperature, TopK, TopNSigma, TopP, Typical,
+    DRY,
+    XTC,
+    AdaptiveP,
+    Dist,
+    DynamicTemperature,
+    Infill,
+    LogitBias,
+    MinP,
+    Mirostat,
+    MirostatV2,
+    Penalties,
+    Sampler,
+    Temperature,
+    TopK,
+    TopNSigma,
+    TopP,
+    Typical,
 )
 from samplechain.samplers._ops import check_int, check_number
 from samplechain.samplers.dry import DEFAULT_SEQ_BREAKERS
@@ -59,7 +74,10 @@ DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p"
 
 def parse_sampler_names(names: str | Iterable[str]) -> tuple[str, ...]:
     """Canonical sampler names from a ``;``-separated string or a list of names (case-insensitive)."""
-    items = names.split(";") if isinstance(names, str) else list(names)
+    if isinstance(names, str):
+        items = names.split(";") if names else []
+    else:
+        items = list(names)
     out = []
     for item in items:
         if not isinstance(item, str):

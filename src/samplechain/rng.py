@@ -39,7 +39,7 @@ def resolve_seed(seed: int) -> int:
 def _mt_state(seed: int) -> tuple:
     """The 624-word state of ``std::mt19937(seed)`` (classic single-word initialisation)."""
     key = np.random.RandomState(seed).get_state()[1]
-    return (3, tuple(int(w) for w in key) + (624,), None)
+    return (3, (*tuple(int(w) for w in key), 624), None)
 
 
 class LlamaRng:

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from samplechain._numeric import F32, expf_rel, seq_sum_f32
+from samplechain._numeric import expf_rel, seq_sum_f32
 from samplechain.candidates import Candidates
 
 # Full sorts below this size; above it, selection by a block-maximum threshold (one pass over the logits).

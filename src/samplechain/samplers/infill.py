@@ -90,7 +90,7 @@ class Infill(Sampler):
                     break
                 if logits[i1] == NEG_INF:
                     continue
-                src, dst = (i1, i0) if probs[i0] > probs[i1] else (i0, i1)
+                src, dst = (i0, i1) if probs[i1] > probs[i0] else (i1, i0)
                 probs[dst] = probs[dst] + probs[src]
                 logits[src] = NEG_INF
                 probs[src] = F32(0.0)

@@ -9,7 +9,7 @@ import numpy as np
 from samplechain._numeric import F32
 from samplechain.candidates import Candidates
 from samplechain.samplers._ops import check_int, check_number
-from samplechain.samplers.base import TRANSFORM, Sampler
+from samplechain.samplers.base import Sampler
 from samplechain.samplers.penalties import positions_of
 
 

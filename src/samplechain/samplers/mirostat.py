@@ -1,4 +1,4 @@
-"""Mirostat 1 and 2: selectors that steer the surprise of each token towards ``tau`` (spec §3.11–3.12)."""
+"""Mirostat 1 and 2: selectors that steer the surprise of each token towards ``tau`` (spec §3.11-3.12)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Selecting samplers without their own distribution logic: greedy and dist (spec/samplers §3.1–3.2)."""
+"""Selecting samplers without their own distribution logic: greedy and dist (spec/samplers §3.1-3.2)."""
 
 from __future__ import annotations
 

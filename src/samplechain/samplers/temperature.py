@@ -7,7 +7,7 @@ import numpy as np
 from samplechain._numeric import F32, F64, NEG_INF, logf, logf_array, powf, seq_sum_f32
 from samplechain.candidates import Candidates
 from samplechain.samplers._ops import check_number, softmax
-from samplechain.samplers.base import TRANSFORM, Sampler
+from samplechain.samplers.base import Sampler
 
 
 def scale(c: Candidates, t: np.float32) -> None:
@@ -15,13 +15,17 @@ def scale(c: Candidates, t: np.float32) -> None:
     if len(c) == 0:
         return
     x = c.logits
-    if t <= 0.0:
-        keep = int(np.argmax(x))
-        masked = np.full(len(x), NEG_INF, dtype=F32)
-        masked[keep] = x[keep]
-        c.set_logits(masked)
-    else:
-        c.set_logits(x / t)
+    if t > 0.0:
+        with np.errstate(over="ignore"):
+            y = x / t
+        if y.max() < np.inf:
+            c.set_logits(y)
+            return
+        # A temperature so small that logits overflow to +inf: its limit, greedy (llama.cpp yields NaNs).
+    keep = int(np.argmax(x))
+    masked = np.full(len(x), NEG_INF, dtype=F32)
+    masked[keep] = x[keep]
+    c.set_logits(masked)
 
 
 class Temperature(Sampler):

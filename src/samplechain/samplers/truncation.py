@@ -1,4 +1,4 @@
-"""Samplers that remove or mask candidates: top-k, top-p, min-p, typical, top-n-sigma, XTC (spec §3.3–3.10)."""
+"""Samplers that remove or mask candidates: top-k, top-p, min-p, typical, top-n-sigma, XTC (spec §3.3-3.10)."""
 
 from __future__ import annotations
 
@@ -169,9 +169,9 @@ class Typical(Sampler):
         logp = logf_array(probs)
         # Zero probabilities (-inf logits) are skipped in the entropy; llama.cpp lets 0*log(0) = NaN
         # poison it (spec P5).
-        terms = np.where(probs > 0, -(probs * logp), F32(0.0))
-        entropy = seq_sum_f32(terms.astype(F32))
         with np.errstate(invalid="ignore"):
+            terms = np.where(probs > 0, -(probs * logp), F32(0.0))
+            entropy = seq_sum_f32(terms.astype(F32))
             scores = np.abs(-logp - entropy)
         order = np.argsort(scores, kind="stable")
         run = np.cumsum(probs[order], dtype=F32)
@@ -235,7 +235,8 @@ class XTC(SeededSampler):
         if self.rng.uniform_float() > self.p:
             return
         probs = softmax(c, do_sort=True)
-        below = np.flatnonzero(probs < self.t)
+        # Masked entries (p = 0) are never "top choices", even with t = 0 (llama.cpp would keep one, P33).
+        below = np.flatnonzero((probs < self.t) | (probs == 0.0))
         last = int(below[0]) if len(below) else len(probs)
         last = last - 1 if last > 0 else 0  # index of the last entry >= t
         if last > 0 and len(c) - last >= self.min_keep:
