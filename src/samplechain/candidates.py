@@ -14,6 +14,11 @@ from samplechain._numeric import F32
 
 _IDS_CACHE = np.arange(0, dtype=np.int32)
 
+# Full-vocabulary logits of at least this size are also viewed as BLOCK_ROWS rows; the column maxima (one
+# pass, computed with the NaN check) let top-k and min-p find their survivors without scanning all logits.
+BLOCK_ROWS = 64
+_BLOCK_MIN_SIZE = BLOCK_ROWS * 64
+
 
 def _arange(n: int) -> np.ndarray:
     global _IDS_CACHE
@@ -26,7 +31,7 @@ def _arange(n: int) -> np.ndarray:
 class Candidates:
     """Candidate token ids with their logits, lazily derived probabilities, selection and sort flag."""
 
-    __slots__ = ("_ids", "_logits", "_max", "_probs", "selected", "sorted")
+    __slots__ = ("_col_max", "_ids", "_logits", "_max", "_probs", "selected", "sorted")
 
     def __init__(
         self,
@@ -41,6 +46,7 @@ class Candidates:
         self._logits = logits
         self._probs = probs
         self._max = None
+        self._col_max = None
         self.selected = selected
         self.sorted = sorted
 
@@ -53,9 +59,18 @@ class Candidates:
         x = logits if type(logits) is np.ndarray and logits.dtype == F32 else np.asarray(logits, dtype=F32)
         if x.ndim != 1:
             raise ValueError(f"logits must be a 1-D array, got shape {x.shape}")
-        if x.size == 0:
+        n = x.size
+        if n == 0:
             raise ValueError("logits must not be empty")
-        m = x.max()
+        col_max = None
+        if n >= _BLOCK_MIN_SIZE:
+            cols = n // BLOCK_ROWS
+            col_max = x[: BLOCK_ROWS * cols].reshape(BLOCK_ROWS, cols).max(axis=0)
+            m = col_max.max()
+            if cols * BLOCK_ROWS < n:
+                m = np.maximum(m, x[BLOCK_ROWS * cols :].max())
+        else:
+            m = x.max()
         if not m < np.inf:  # NaN or +inf (NaN propagates through max)
             bad = "NaN" if np.isnan(x).any() else "+inf"
             raise ValueError(f"logits must not contain {bad}")
@@ -64,6 +79,7 @@ class Candidates:
             x.flags.writeable = False
         c = cls(None, x)
         c._max = m
+        c._col_max = col_max
         return c
 
     @classmethod
@@ -112,6 +128,11 @@ class Candidates:
         return self._max
 
     @property
+    def column_max(self) -> np.ndarray | None:
+        """For large untouched logits: the maxima of the columns of ``logits[:64*cols].reshape(64, cols)``."""
+        return self._col_max
+
+    @property
     def token(self) -> int:
         """The selected token id; ``ValueError`` when nothing is selected."""
         if not 0 <= self.selected < len(self._logits):
@@ -131,6 +152,7 @@ class Candidates:
         self._logits = logits
         self._probs = probs
         self._max = None
+        self._col_max = None
 
     def set_probs(self, probs: np.ndarray) -> None:
         """Probabilities computed from the current logits."""
@@ -143,6 +165,7 @@ class Candidates:
         if self._probs is not None:
             self._probs = self._probs[index]
         self._max = None
+        self._col_max = None
         if sorted is not None:
             self.sorted = sorted
 
@@ -159,6 +182,7 @@ class Candidates:
         self._logits = logits
         self._probs = probs
         self._max = None
+        self._col_max = None
         self.sorted = sorted
 
     def sort(self) -> None:
@@ -169,4 +193,5 @@ class Candidates:
     def copy(self) -> Candidates:
         c = Candidates(self._ids, self._logits, self._probs, sorted=self.sorted, selected=self.selected)
         c._max = self._max
+        c._col_max = self._col_max
         return c

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from samplechain._numeric import expf_rel, seq_sum_f32
-from samplechain.candidates import Candidates
+from samplechain.candidates import BLOCK_ROWS, Candidates
 
 # Full sorts below this size; above it, selection by a block-maximum threshold (one pass over the logits).
 _SMALL = 1024
@@ -49,21 +49,46 @@ def softmax(c: Candidates, do_sort: bool) -> np.ndarray:
     return p
 
 
-def top_k_order(x: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the ``k`` largest values of ``x``, descending, ties by lower index (``0 < k <= len(x)``).
+def indices_at_least(c: Candidates, thr: np.float32) -> np.ndarray:
+    """Ascending positions of the logits ``>= thr``; with column maxima, only columns reaching thr are read."""
+    x = c.logits
+    col_max = c.column_max
+    if col_max is None:
+        return np.flatnonzero(x >= thr)
+    cols = len(col_max)
+    hit_cols = np.flatnonzero(col_max >= thr)
+    if len(hit_cols) * 4 > cols:
+        return np.flatnonzero(x >= thr)
+    rows, j = np.nonzero(x[: BLOCK_ROWS * cols].reshape(BLOCK_ROWS, cols)[:, hit_cols] >= thr)
+    idx = rows * cols + hit_cols[j]
+    tail = BLOCK_ROWS * cols
+    if tail < len(x):
+        idx = np.concatenate((idx, tail + np.flatnonzero(x[tail:] >= thr)))
+    return idx  # row-major order of the (row, column) grid is ascending position order
+
+
+def top_k_order(c: Candidates, k: int) -> np.ndarray:
+    """Positions of the ``k`` largest logits, descending, ties by lower position (``0 < k <= len(c)``).
 
     Large inputs take one pass: the k-th largest of the column maxima of a (rows, cols) view is a value that
     at least k entries reach, so only entries at or above it need sorting.
     """
+    x = c.logits
     n = len(x)
     if n <= _SMALL or k * 16 > n:
         order = np.argsort(-x, kind="stable")
         return order[:k] if k < n else order
-    rows = 64 if n >= 64 * 16 * k else max(2, n // (16 * k))
-    cols = n // rows
-    block_max = x[: rows * cols].reshape(rows, cols).max(axis=0)
-    thr = np.partition(block_max, cols - k)[cols - k]
-    cand = np.flatnonzero(x >= thr)
+    col_max = c.column_max
+    if col_max is None or k * 16 > len(col_max):
+        rows = max(2, n // (16 * k))
+        cols = n // rows
+        col_max = x[: rows * cols].reshape(rows, cols).max(axis=0)
+        thr = np.partition(col_max, cols - k)[cols - k]
+        cand = np.flatnonzero(x >= thr)
+    else:
+        cols = len(col_max)
+        thr = np.partition(col_max, cols - k)[cols - k]
+        cand = indices_at_least(c, thr)
     if len(cand) > 4 * _SMALL:
         # Many entries tie at or just above the threshold: keep those above the k-th value, then the
         # lowest-index ones equal to it.
@@ -82,4 +107,4 @@ def apply_top_k(c: Candidates, k: int) -> None:
     if c.sorted:
         c.truncate(k)
     else:
-        c.take(top_k_order(c.logits, k), sorted=True)
+        c.take(top_k_order(c, k), sorted=True)

@@ -7,7 +7,7 @@ import numpy as np
 from samplechain._numeric import F32, F64, NEG_INF, expf, expf_rel, logf, logf_array, seq_sum_f32
 from samplechain.candidates import Candidates
 from samplechain.rng import DEFAULT_SEED
-from samplechain.samplers._ops import _SMALL, apply_top_k, check_int, check_number, softmax
+from samplechain.samplers._ops import _SMALL, apply_top_k, check_int, check_number, indices_at_least, softmax
 from samplechain.samplers.base import FILTER, Sampler
 from samplechain.samplers.selectors import SeededSampler
 
@@ -135,7 +135,7 @@ class MinP(Sampler):
             return
         if not c.sorted:
             thr = c.max_logit + self._log_p
-            keep = np.flatnonzero(c.logits >= thr)
+            keep = indices_at_least(c, thr)
             if len(keep) and len(keep) >= self.min_keep:
                 if len(keep) < len(c):
                     c.take(keep)
