@@ -25,7 +25,7 @@ def expf(x: np.ndarray) -> np.ndarray:
 
     Matches glibc except for about 0.01 % of inputs, where glibc itself is off by one ulp.
     """
-    return np.exp(x.astype(F64)).astype(F32)
+    return np.exp(x, dtype=F64).astype(F32)
 
 
 def expf_rel(d: np.ndarray) -> np.ndarray:
@@ -43,11 +43,24 @@ def expf_rel(d: np.ndarray) -> np.ndarray:
     return out
 
 
+_accumulate = np.add.accumulate
+
+
 def seq_sum_f32(x: np.ndarray) -> np.float32:
     """Left-to-right binary32 sum (``float s = 0; for (...) s += x[i];``)."""
     if x.size == 0:
         return F32(0.0)
-    return np.cumsum(x, dtype=F32)[-1]
+    return _accumulate(x, dtype=F32)[-1]
+
+
+def running_sum_f32(x: np.ndarray) -> np.ndarray:
+    """Left-to-right binary32 running sums."""
+    return _accumulate(x, dtype=F32)
+
+
+def running_sum_f64(x: np.ndarray) -> np.ndarray:
+    """Left-to-right binary64 running sums (of binary32 values, converted exactly)."""
+    return _accumulate(x, dtype=F64)
 
 
 def logf(x: float) -> np.float32:

@@ -13,6 +13,7 @@ import numpy as np
 from samplechain._numeric import F32
 
 _IDS_CACHE = np.arange(0, dtype=np.int32)
+_max_reduce = np.maximum.reduce
 
 # Full-vocabulary logits of at least this size are also viewed as BLOCK_ROWS rows; the column maxima (one
 # pass, computed with the NaN check) let top-k and min-p find their survivors without scanning all logits.
@@ -65,12 +66,12 @@ class Candidates:
         col_max = None
         if n >= _BLOCK_MIN_SIZE:
             cols = n // BLOCK_ROWS
-            col_max = x[: BLOCK_ROWS * cols].reshape(BLOCK_ROWS, cols).max(axis=0)
-            m = col_max.max()
+            col_max = _max_reduce(x[: BLOCK_ROWS * cols].reshape(BLOCK_ROWS, cols), axis=0)
+            m = _max_reduce(col_max)
             if cols * BLOCK_ROWS < n:
-                m = np.maximum(m, x[BLOCK_ROWS * cols :].max())
+                m = np.maximum(m, _max_reduce(x[BLOCK_ROWS * cols :]))
         else:
-            m = x.max()
+            m = _max_reduce(x)
         if not m < np.inf:  # NaN or +inf (NaN propagates through max)
             bad = "NaN" if np.isnan(x).any() else "+inf"
             raise ValueError(f"logits must not contain {bad}")
@@ -124,7 +125,7 @@ class Candidates:
     def max_logit(self) -> np.float32:
         """The largest current logit (cached until the logits change)."""
         if self._max is None:
-            self._max = self._logits.max()
+            self._max = _max_reduce(self._logits)
         return self._max
 
     @property

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from samplechain._numeric import expf_rel, seq_sum_f32
+from samplechain._numeric import expf, seq_sum_f32
 from samplechain.candidates import BLOCK_ROWS, Candidates
 
 # Full sorts below this size; above it, selection by a block-maximum threshold (one pass over the logits).
@@ -42,9 +42,9 @@ def softmax(c: Candidates, do_sort: bool) -> np.ndarray:
     if do_sort:
         c.sort()
     x = c.logits
-    m = x[0] if c.sorted else c.max_logit
-    e = expf_rel(x - m)
-    p = e / seq_sum_f32(e)
+    # exact expf everywhere: these probabilities feed running sums compared against thresholds
+    e = expf(np.subtract(x, x[0] if c.sorted else c.max_logit))
+    p = np.true_divide(e, seq_sum_f32(e))
     c.set_probs(p)
     return p
 
@@ -54,17 +54,41 @@ def indices_at_least(c: Candidates, thr: np.float32) -> np.ndarray:
     x = c.logits
     col_max = c.column_max
     if col_max is None:
-        return np.flatnonzero(x >= thr)
+        return (x >= thr).nonzero()[0]
+    hit_cols = (col_max >= thr).nonzero()[0]
+    if len(hit_cols) * 4 > len(col_max):
+        return (x >= thr).nonzero()[0]
+    return _gather_columns(x, col_max, hit_cols, thr).sort_positions()
+
+
+class _Picked:
+    """The entries ``>= thr`` of a few columns of the (BLOCK_ROWS, cols) view, plus the tail past the grid."""
+
+    __slots__ = ("positions", "values")
+
+    def __init__(self, positions: np.ndarray, values: np.ndarray) -> None:
+        self.positions = positions
+        self.values = values
+
+    def sort_positions(self) -> np.ndarray:
+        self.positions.sort()
+        return self.positions
+
+
+def _gather_columns(x: np.ndarray, col_max: np.ndarray, hit_cols: np.ndarray, thr: np.float32) -> _Picked:
     cols = len(col_max)
-    hit_cols = np.flatnonzero(col_max >= thr)
-    if len(hit_cols) * 4 > cols:
-        return np.flatnonzero(x >= thr)
-    rows, j = np.nonzero(x[: BLOCK_ROWS * cols].reshape(BLOCK_ROWS, cols)[:, hit_cols] >= thr)
-    idx = rows * cols + hit_cols[j]
-    tail = BLOCK_ROWS * cols
-    if tail < len(x):
-        idx = np.concatenate((idx, tail + np.flatnonzero(x[tail:] >= thr)))
-    return idx  # row-major order of the (row, column) grid is ascending position order
+    grid = BLOCK_ROWS * cols
+    block = x[:grid].reshape(BLOCK_ROWS, cols).T[hit_cols]  # [len(hit_cols), BLOCK_ROWS]
+    flat = (block >= thr).ravel().nonzero()[0]
+    q, row = np.divmod(flat, BLOCK_ROWS)
+    positions = row * cols + hit_cols[q]
+    values = block.ravel()[flat]
+    if grid < len(x):
+        tail = (x[grid:] >= thr).nonzero()[0]
+        if len(tail):
+            positions = np.concatenate((positions, grid + tail))
+            values = np.concatenate((values, x[grid + tail]))
+    return _Picked(positions, values)
 
 
 def top_k_order(c: Candidates, k: int) -> np.ndarray:
@@ -76,27 +100,25 @@ def top_k_order(c: Candidates, k: int) -> np.ndarray:
     x = c.logits
     n = len(x)
     if n <= _SMALL or k * 16 > n:
-        order = np.argsort(-x, kind="stable")
+        order = np.negative(x).argsort(kind="stable")
         return order[:k] if k < n else order
     col_max = c.column_max
-    if col_max is None or k * 16 > len(col_max):
+    if col_max is not None and k * 16 <= len(col_max):
+        thr = np.partition(col_max, len(col_max) - k)[len(col_max) - k]
+        hit_cols = (col_max >= thr).nonzero()[0]
+        picked = _gather_columns(x, col_max, hit_cols, thr)
+        cand, vals = picked.positions, picked.values
+    else:
         rows = max(2, n // (16 * k))
         cols = n // rows
-        col_max = x[: rows * cols].reshape(rows, cols).max(axis=0)
-        thr = np.partition(col_max, cols - k)[cols - k]
-        cand = np.flatnonzero(x >= thr)
-    else:
-        cols = len(col_max)
-        thr = np.partition(col_max, cols - k)[cols - k]
-        cand = indices_at_least(c, thr)
-    if len(cand) > 4 * _SMALL:
-        # Many entries tie at or just above the threshold: keep those above the k-th value, then the
-        # lowest-index ones equal to it.
-        v = np.partition(x[cand], len(cand) - k)[len(cand) - k]
-        above = cand[x[cand] > v]
-        equal = cand[x[cand] == v][: k - len(above)]
-        cand = np.sort(np.concatenate((above, equal)))
-    order = np.argsort(-x[cand], kind="stable")[:k]
+        block_max = np.maximum.reduce(x[: rows * cols].reshape(rows, cols), axis=0)
+        thr = np.partition(block_max, cols - k)[cols - k]
+        cand = (x >= thr).nonzero()[0]
+        vals = x[cand]
+    # sort by (-logit, position): positions first, then a stable sort on the values
+    by_pos = cand.argsort()
+    cand, vals = cand[by_pos], vals[by_pos]
+    order = np.negative(vals).argsort(kind="stable")[:k]
     return cand[order]
 
 

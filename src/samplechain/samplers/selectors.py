@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from samplechain._numeric import F32, F64, expf_rel
+from samplechain._numeric import F32, F64, expf_rel, running_sum_f64
 from samplechain.candidates import Candidates
 from samplechain.rng import DEFAULT_SEED, LlamaRng, check_seed, resolve_seed
 from samplechain.samplers.base import SELECTOR, Sampler
@@ -17,7 +17,7 @@ class Greedy(Sampler):
     effect = SELECTOR
 
     def apply(self, c: Candidates) -> None:
-        c.selected = int(np.argmax(c.logits)) if len(c) else -1
+        c.selected = int(c.logits.argmax()) if len(c) else -1
 
 
 class SeededSampler(Sampler):
@@ -64,12 +64,12 @@ class Dist(SeededSampler):
         m = x[0] if c.sorted else c.max_logit
         if m == -np.inf:
             raise ValueError("dist: every candidate is masked (-inf); nothing can be drawn")
-        e = expf_rel(x - m)
-        run = np.cumsum(e, dtype=F64)
-        total = run[-1]
+        e = expf_rel(np.subtract(x, m))
+        run = running_sum_f64(e)
+        total = float(run[-1])
         target = total * self.rng.uniform_double()
         # First running sum >= target. A draw of exactly 0 would pick index 0 even with p = 0 in llama.cpp
         # (spec P7); searching strictly above 0 skips zero-probability entries instead.
-        i = int(np.searchsorted(run, target, side="left" if target > 0.0 else "right"))
-        c.set_probs((e / total).astype(F32))
+        i = int(run.searchsorted(target, side="left" if target > 0.0 else "right"))
+        c.set_probs(np.true_divide(e, total, dtype=F64).astype(F32))
         c.selected = min(i, n - 1)

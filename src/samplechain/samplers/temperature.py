@@ -9,6 +9,16 @@ from samplechain.candidates import Candidates
 from samplechain.samplers._ops import check_number, softmax
 from samplechain.samplers.base import Sampler
 
+_FLT_MAX = float(np.finfo(F32).max)
+
+
+def _min_finite(x: np.ndarray) -> float:
+    m = float(np.minimum.reduce(x))
+    if m == -np.inf:
+        finite = x[x > -np.inf]
+        m = float(np.minimum.reduce(finite)) if len(finite) else 0.0
+    return m
+
 
 def scale(c: Candidates, t: np.float32) -> None:
     """llama.cpp's temperature helper: divide by ``t``; ``t <= 0`` keeps only the first maximum."""
@@ -16,12 +26,11 @@ def scale(c: Candidates, t: np.float32) -> None:
         return
     x = c.logits
     if t > 0.0:
-        with np.errstate(over="ignore"):
-            y = x / t
-        if y.max() < np.inf:
-            c.set_logits(y)
+        # Dividing by t < 1 overflows when |logit| > FLT_MAX * t; such a temperature is treated as its limit,
+        # greedy (llama.cpp turns the logits into +inf and the probabilities into NaN).
+        if t >= 1.0 or max(c.max_logit, -_min_finite(x)) <= _FLT_MAX * float(t):
+            c.set_logits(np.true_divide(x, t))
             return
-        # A temperature so small that logits overflow to +inf: its limit, greedy (llama.cpp yields NaNs).
     keep = int(np.argmax(x))
     masked = np.full(len(x), NEG_INF, dtype=F32)
     masked[keep] = x[keep]

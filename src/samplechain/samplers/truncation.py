@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from samplechain._numeric import F32, F64, NEG_INF, expf, expf_rel, logf, logf_array, seq_sum_f32
+from samplechain._numeric import (
+    F32,
+    F64,
+    NEG_INF,
+    expf,
+    logf,
+    logf_array,
+    running_sum_f32,
+    seq_sum_f32,
+)
 from samplechain.candidates import Candidates
 from samplechain.rng import DEFAULT_SEED
 from samplechain.samplers._ops import _SMALL, apply_top_k, check_int, check_number, indices_at_least, softmax
@@ -32,10 +41,10 @@ class TopK(Sampler):
 
 def _nucleus_size(p_desc: np.ndarray, p: np.float32, min_keep: int) -> int:
     """Smallest prefix whose binary32 running sum reaches ``p`` with at least ``min_keep`` entries; 0 if none."""
-    run = np.cumsum(p_desc, dtype=F32)
+    run = running_sum_f32(p_desc)
     if not run[-1] >= p:  # the running sum is non-decreasing: it never reaches p
         return 0
-    i = max(int(np.argmax(run >= p)), min_keep - 1)
+    i = max(int(run.searchsorted(p, side="left")), min_keep - 1)
     return i + 1 if i < len(run) else 0
 
 
@@ -58,45 +67,53 @@ class TopP(Sampler):
         if self.disabled or n == 0:
             return
         if c.sorted or n <= _SMALL or not self._apply_large(c):
-            probs = softmax(c, do_sort=True)
-            keep = _nucleus_size(probs, self.p, self.min_keep)
+            softmax(c, do_sort=False)  # summed in the incoming order, then sorted (spec §3.4)
+            c.sort()
+            keep = _nucleus_size(c.probs, self.p, self.min_keep)
             c.truncate(keep if keep else n)
 
     def _apply_large(self, c: Candidates) -> bool:
         """Unsorted large input without a full sort: same result, touching each logit a few times.
 
         The binary32 softmax sum is rebuilt exactly from the entries that can change it; the nucleus is then
-        searched among the entries above a logit threshold whose mass exceeds ``p`` with margin.
+        searched among the largest entries, growing the set until its mass exceeds ``p`` with margin.
         """
         x = c.logits
-        m = c.max_logit
-        d = x - m
-        total = _softmax_sum_f32(d)
-        for cut in (-4.0, -8.0, -12.0, -17.5):
-            idx = np.flatnonzero(d >= F32(cut))
-            e = expf(d[idx])
-            if float(np.sum(e, dtype=F64)) / float(total) < float(self.p) + 1e-3:
-                continue
-            order = np.argsort(-x[idx], kind="stable")
-            idx, e = idx[order], e[order]
-            p_desc = e / total
-            keep = _nucleus_size(p_desc, self.p, self.min_keep)
-            if keep == 0:
-                return False
-            c.replace(c.ids[idx[:keep]], x[idx[:keep]], p_desc[:keep], sorted=True)
-            return True
-        return False
+        total, head_idx, head_e = _softmax_sum_f32(np.subtract(x, c.max_logit))
+        need = (float(self.p) + 1e-3) * float(total)
+        if float(np.add.reduce(head_e, dtype=F64)) < need:
+            return False  # a flat distribution: the nucleus reaches into the tail
+        m = 64
+        while True:
+            if m < len(head_e):
+                kth = np.partition(head_e, len(head_e) - m)[len(head_e) - m]
+                top = (head_e >= kth).nonzero()[0]  # ties at the boundary all included
+            else:
+                top = np.arange(len(head_e))
+            if m >= len(head_e) or float(np.add.reduce(head_e[top], dtype=F64)) >= need:
+                break
+            m *= 4
+        idx = head_idx[top]
+        idx = idx[np.negative(x[idx]).argsort(kind="stable")]  # head_idx ascending: ties by position
+        p_desc = np.true_divide(expf(np.subtract(x[idx], c.max_logit)), total)
+        keep = _nucleus_size(p_desc, self.p, self.min_keep)
+        if keep == 0:
+            return False
+        c.replace(c.ids[idx[:keep]], x[idx[:keep]], p_desc[:keep], sorted=True)
+        return True
 
 
 _SIGNIFICANT = F32(-17.5)  # e^-17.5 < 2^-25: below half an ulp of any binary32 sum that holds a value >= 1
+_HEAD = F32(-12.0)
 
 
-def _softmax_sum_f32(d: np.ndarray) -> np.float32:
+def _softmax_sum_f32(d: np.ndarray) -> tuple[np.float32, np.ndarray, np.ndarray]:
     """``sum(expf(d))`` as llama.cpp's softmax accumulates it: binary32, left to right, ``d = x - max <= 0``.
 
     Adding a term below half an ulp of the running sum leaves it unchanged, and the running sum never
     decreases: once the sum holds ``expf(d_r)`` for some earlier entry r, later terms with
     ``d < d_r - 17.5`` are exact no-ops. Those are skipped, so only entries near a running maximum are summed.
+    Also returns the positions of the entries with ``d >= -12`` and their exact ``expf(d)``.
     """
     n = len(d)
     keep = np.zeros(n, dtype=bool)
@@ -105,14 +122,20 @@ def _softmax_sum_f32(d: np.ndarray) -> np.float32:
         if end == 0:
             break
         seg = d[:end]
-        pos = int(np.argmax(seg))
+        pos = int(seg.argmax())
         level = seg[pos]
         if level < F32(-80.0):  # everything left is (nearly) zero
             break
         keep[pos:end] = seg[pos:] >= level + _SIGNIFICANT
         end = pos
     keep[:end] = True
-    return seq_sum_f32(expf_rel(d[keep]))
+    sig = keep.nonzero()[0]
+    ds = d[sig]
+    e = np.exp(ds)  # fast binary32 exp: exact enough below -12 (see expf_rel)
+    head = (ds >= _HEAD).nonzero()[0]
+    e_head = expf(ds[head])
+    e[head] = e_head
+    return seq_sum_f32(e), sig[head], e_head
 
 
 class MinP(Sampler):
@@ -142,9 +165,8 @@ class MinP(Sampler):
                 return
             c.sort()
         x = c.logits
-        thr = x[0] + self._log_p
-        below = np.flatnonzero(x[1:] < thr)  # first entry always kept; cut at the first one below thr
-        n_keep = int(below[0]) + 1 if len(below) else len(x)
+        # sorted descending: the entries >= thr are a prefix; the first entry is always kept
+        n_keep = max(int(np.count_nonzero(x >= x[0] + self._log_p)), 1)
         c.truncate(max(n_keep, min(self.min_keep, len(x))))
 
 
