@@ -1,8 +1,10 @@
 """Median µs per token of ``chain.sample(logits)`` against llama.cpp's ``llama_sampler_apply``, same logits.
 
 Ours includes building the candidates from the logits and accepting the token; llama.cpp's figure is its
-apply call alone (filling its candidate array from Python is left out). Both use the same seeds, and the
-benchmark reports whether they selected the same tokens. Run: ``make bench`` (installs llama-cpp-python).
+apply call alone (filling its candidate array from Python is left out). Before each call, both inputs are
+freshly written (our logits buffer, llama.cpp's candidate array), as they are right after a model's forward.
+Both use the same seeds, and the benchmark reports whether they selected the same tokens.
+Run: ``make bench`` (installs llama-cpp-python).
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ def bench(name, make, rows, repeats):
     if _llama.available():
         theirs_chain = _llama.LlamaChain(llama_default_chain() if name == "llama.cpp default chain" else make())
     ours, theirs, same = [], [], 0
+    x = np.empty_like(rows[0])  # the model's output buffer: freshly written logits, as after a forward pass
     for r in range(repeats):
-        x = rows[r % len(rows)]
+        x[:] = rows[r % len(rows)]
         t0 = time.perf_counter()
         token = chain.sample(x)
         ours.append(time.perf_counter() - t0)

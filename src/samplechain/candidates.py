@@ -8,6 +8,8 @@ derived value (``probs``, the maximum logit) is dropped the moment the logits it
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from samplechain._numeric import F32
@@ -114,6 +116,8 @@ class Candidates:
     @property
     def probs(self) -> np.ndarray | None:
         """Probabilities written for the current logits by the last sampler that computed them, else None."""
+        if callable(self._probs):  # computed on first read (a selector's probabilities are often unused)
+            self._probs = self._probs()
         return self._probs
 
     @property
@@ -155,16 +159,17 @@ class Candidates:
         self._max = None
         self._col_max = None
 
-    def set_probs(self, probs: np.ndarray) -> None:
-        """Probabilities computed from the current logits."""
+    def set_probs(self, probs: np.ndarray | Callable[[], np.ndarray]) -> None:
+        """Probabilities computed from the current logits, or a function computing them on first read."""
         self._probs = probs
 
     def take(self, index: np.ndarray | slice, *, sorted: bool | None = None) -> None:
         """Keep the candidates at ``index`` (an index array or a slice), in that order."""
         self._ids = self.ids[index]
         self._logits = self._logits[index]
-        if self._probs is not None:
-            self._probs = self._probs[index]
+        probs = self.probs
+        if probs is not None:
+            self._probs = probs[index]
         self._max = None
         self._col_max = None
         if sorted is not None:
@@ -192,7 +197,7 @@ class Candidates:
             self.take(np.argsort(-self._logits, kind="stable"), sorted=True)
 
     def copy(self) -> Candidates:
-        c = Candidates(self._ids, self._logits, self._probs, sorted=self.sorted, selected=self.selected)
+        c = Candidates(self._ids, self._logits, self.probs, sorted=self.sorted, selected=self.selected)
         c._max = self._max
         c._col_max = self._col_max
         return c

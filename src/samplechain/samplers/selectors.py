@@ -71,5 +71,5 @@ class Dist(SeededSampler):
         # First running sum >= target. A draw of exactly 0 would pick index 0 even with p = 0 in llama.cpp
         # (spec P7); searching strictly above 0 skips zero-probability entries instead.
         i = int(run.searchsorted(target, side="left" if target > 0.0 else "right"))
-        c.set_probs(np.true_divide(e, total, dtype=F64).astype(F32))
+        c.set_probs(lambda: np.true_divide(e, total, dtype=F64).astype(F32))
         c.selected = min(i, n - 1)

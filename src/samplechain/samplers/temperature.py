@@ -12,12 +12,14 @@ from samplechain.samplers.base import Sampler
 _FLT_MAX = float(np.finfo(F32).max)
 
 
-def _min_finite(x: np.ndarray) -> float:
-    m = float(np.minimum.reduce(x))
-    if m == -np.inf:
+def _abs_max(c: Candidates) -> float:
+    """Largest magnitude among the finite logits (-inf entries stay -inf when divided)."""
+    x = c.logits
+    lo = float(x[-1] if c.sorted else np.minimum.reduce(x))
+    if lo == -np.inf:
         finite = x[x > -np.inf]
-        m = float(np.minimum.reduce(finite)) if len(finite) else 0.0
-    return m
+        lo = float(np.minimum.reduce(finite)) if len(finite) else 0.0
+    return max(abs(float(x[0] if c.sorted else c.max_logit)), abs(lo))
 
 
 def scale(c: Candidates, t: np.float32) -> None:
@@ -28,7 +30,7 @@ def scale(c: Candidates, t: np.float32) -> None:
     if t > 0.0:
         # Dividing by t < 1 overflows when |logit| > FLT_MAX * t; such a temperature is treated as its limit,
         # greedy (llama.cpp turns the logits into +inf and the probabilities into NaN).
-        if t >= 1.0 or max(c.max_logit, -_min_finite(x)) <= _FLT_MAX * float(t):
+        if t >= 1.0 or _abs_max(c) <= _FLT_MAX * float(t):
             c.set_logits(np.true_divide(x, t))
             return
     keep = int(np.argmax(x))
