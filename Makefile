@@ -23,7 +23,8 @@ run: setup
 
 bench: setup
 	$(PIP) install --quiet -e '.[bench]'
-	$(PY) benchmarks/bench_chain.py
+	$(PY) -m benchmarks.check_llama
+	$(PY) -m benchmarks.bench_chain
 
 lint: setup
 	$(PY) -m ruff check src tests benchmarks
