@@ -45,13 +45,8 @@ class Candidates:
         sorted: bool = False,
         selected: int = -1,
     ) -> None:
-        self._ids = ids
-        self._logits = logits
-        self._probs = probs
-        self._max = None
-        self._col_max = None
+        self.replace(ids, logits, probs, sorted=sorted)
         self.selected = selected
-        self.sorted = sorted
 
     @classmethod
     def from_logits(cls, logits: object) -> Candidates:

@@ -51,24 +51,18 @@ class Chain(Sampler):
         return iter(self.samplers)
 
     def apply(self, c: Candidates) -> None:
+        t0 = time.perf_counter() if self.perf_enabled else 0.0
+        for s in self.samplers:
+            s.apply(c)
         if self.perf_enabled:
-            t0 = time.perf_counter()
-            for s in self.samplers:
-                s.apply(c)
             self._t_us += (time.perf_counter() - t0) * 1e6
-        else:
-            for s in self.samplers:
-                s.apply(c)
 
     def accept(self, token: int) -> None:
+        t0 = time.perf_counter() if self.perf_enabled else 0.0
+        for s in self.samplers:
+            s.accept(token)
         if self.perf_enabled:
-            t0 = time.perf_counter()
-            for s in self.samplers:
-                s.accept(token)
             self._t_us += (time.perf_counter() - t0) * 1e6
-        else:
-            for s in self.samplers:
-                s.accept(token)
         self._n_sample += 1
 
     def reset(self) -> None:

@@ -48,19 +48,30 @@ def _nucleus_size(p_desc: np.ndarray, p: np.float32, min_keep: int) -> int:
     return i + 1 if i < len(run) else 0
 
 
-class TopP(Sampler):
-    """Nucleus sampling: the smallest descending prefix whose probability mass reaches ``p``."""
+class _ProbabilityFilter(Sampler):
+    """Shared parameters of top-p, min-p and typical: a probability ``p`` and ``min_keep`` survivors."""
 
-    name = "top-p"
     effect = FILTER
+    _field = ""
 
     def __init__(self, p: float, min_keep: int = 1) -> None:
-        self.p = F32(check_number("top_p", p))
+        self.p = F32(check_number(self._field, p))
         self.min_keep = check_int("min_keep", min_keep, minimum=0)
-        self.disabled = bool(self.p >= 1.0)
+        self.disabled = self._disabled_for(self.p)
+
+    @staticmethod
+    def _disabled_for(p: np.float32) -> bool:
+        return bool(p >= 1.0)
 
     def _params(self) -> dict:
         return {"p": float(self.p), "min_keep": self.min_keep}
+
+
+class TopP(_ProbabilityFilter):
+    """Nucleus sampling: the smallest descending prefix whose probability mass reaches ``p``."""
+
+    name = "top-p"
+    _field = "top_p"
 
     def apply(self, c: Candidates) -> None:
         n = len(c)
@@ -138,20 +149,19 @@ def _softmax_sum_f32(d: np.ndarray) -> tuple[np.float32, np.ndarray, np.ndarray]
     return seq_sum_f32(e), sig[head], e_head
 
 
-class MinP(Sampler):
+class MinP(_ProbabilityFilter):
     """Keeps candidates whose probability is at least ``p`` times the largest one."""
 
     name = "min-p"
-    effect = FILTER
+    _field = "min_p"
 
     def __init__(self, p: float, min_keep: int = 1) -> None:
-        self.p = F32(check_number("min_p", p))
-        self.min_keep = check_int("min_keep", min_keep, minimum=0)
-        self.disabled = bool(self.p <= 0.0)
+        super().__init__(p, min_keep)
         self._log_p = logf(self.p) if not self.disabled else F32(0.0)
 
-    def _params(self) -> dict:
-        return {"p": float(self.p), "min_keep": self.min_keep}
+    @staticmethod
+    def _disabled_for(p: np.float32) -> bool:
+        return bool(p <= 0.0)
 
     def apply(self, c: Candidates) -> None:
         if self.disabled or len(c) == 0:
@@ -170,19 +180,11 @@ class MinP(Sampler):
         c.truncate(max(n_keep, min(self.min_keep, len(x))))
 
 
-class Typical(Sampler):
+class Typical(_ProbabilityFilter):
     """Locally typical sampling: keeps the tokens whose surprise is closest to the entropy, mass > ``p``."""
 
     name = "typical"
-    effect = FILTER
-
-    def __init__(self, p: float, min_keep: int = 1) -> None:
-        self.p = F32(check_number("typical_p", p))
-        self.min_keep = check_int("min_keep", min_keep, minimum=0)
-        self.disabled = bool(self.p >= 1.0)
-
-    def _params(self) -> dict:
-        return {"p": float(self.p), "min_keep": self.min_keep}
+    _field = "typical_p"
 
     def apply(self, c: Candidates) -> None:
         if self.disabled or len(c) == 0:
