@@ -428,10 +428,7 @@ class CommonSampler:
         p = self.params
         if name == "penalties":
             return Penalties(p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty)
-        if name == "dry":
-            dry_off = p.dry_multiplier == 0.0 or p.dry_base < 1.0 or p.dry_penalty_last_n == 0
-            if dry_off:
-                return None
+        if name == "dry":  # a disabled DRY needs no vocabulary; the chain leaves it out
             return DRY(self.vocab, p.dry_multiplier, p.dry_base, p.dry_allowed_length, p.dry_penalty_last_n,
                        p.dry_sequence_breakers)
         if name == "top_n_sigma":
