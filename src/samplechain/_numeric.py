@@ -37,10 +37,16 @@ def expf_rel(d: np.ndarray) -> np.ndarray:
     """
     if d.size <= _EXACT_EXP_LIMIT:
         return expf(d)
+    return expf_split(d)[0]
+
+
+def expf_split(d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``expf_rel(d)`` for any size, plus the positions of the exact entries (``d >= -12``) and their values."""
     out = np.exp(d)
-    head = np.flatnonzero(d >= _FAST_EXP_BELOW)
-    out[head] = expf(d[head])
-    return out
+    head = (d >= _FAST_EXP_BELOW).nonzero()[0]
+    exact = expf(d[head])
+    out[head] = exact
+    return out, head, exact
 
 
 _accumulate = np.add.accumulate

@@ -58,24 +58,14 @@ def indices_at_least(c: Candidates, thr: np.float32) -> np.ndarray:
     hit_cols = (col_max >= thr).nonzero()[0]
     if len(hit_cols) * 4 > len(col_max):
         return (x >= thr).nonzero()[0]
-    return _gather_columns(x, col_max, hit_cols, thr).sort_positions()
+    return np.sort(_gather_columns(x, col_max, hit_cols, thr)[0])
 
 
-class _Picked:
-    """The entries ``>= thr`` of a few columns of the (BLOCK_ROWS, cols) view, plus the tail past the grid."""
-
-    __slots__ = ("positions", "values")
-
-    def __init__(self, positions: np.ndarray, values: np.ndarray) -> None:
-        self.positions = positions
-        self.values = values
-
-    def sort_positions(self) -> np.ndarray:
-        self.positions.sort()
-        return self.positions
-
-
-def _gather_columns(x: np.ndarray, col_max: np.ndarray, hit_cols: np.ndarray, thr: np.float32) -> _Picked:
+def _gather_columns(
+    x: np.ndarray, col_max: np.ndarray, hit_cols: np.ndarray, thr: np.float32
+) -> tuple[np.ndarray, np.ndarray]:
+    """Positions (unordered) and values of the entries ``>= thr`` in the given columns of the
+    (BLOCK_ROWS, cols) view, plus those in the tail past the grid."""
     cols = len(col_max)
     grid = BLOCK_ROWS * cols
     block = x[:grid].reshape(BLOCK_ROWS, cols).T[hit_cols]  # [len(hit_cols), BLOCK_ROWS]
@@ -88,7 +78,7 @@ def _gather_columns(x: np.ndarray, col_max: np.ndarray, hit_cols: np.ndarray, th
         if len(tail):
             positions = np.concatenate((positions, grid + tail))
             values = np.concatenate((values, x[grid + tail]))
-    return _Picked(positions, values)
+    return positions, values
 
 
 def top_k_order(c: Candidates, k: int) -> np.ndarray:
@@ -106,8 +96,7 @@ def top_k_order(c: Candidates, k: int) -> np.ndarray:
     if col_max is not None and k * 16 <= len(col_max):
         thr = np.partition(col_max, len(col_max) - k)[len(col_max) - k]
         hit_cols = (col_max >= thr).nonzero()[0]
-        picked = _gather_columns(x, col_max, hit_cols, thr)
-        cand, vals = picked.positions, picked.values
+        cand, vals = _gather_columns(x, col_max, hit_cols, thr)
     else:
         rows = max(2, n // (16 * k))
         cols = n // rows

@@ -8,7 +8,7 @@ from samplechain._numeric import (
     F32,
     F64,
     NEG_INF,
-    expf,
+    expf_split,
     logf,
     logf_array,
     running_sum_f32,
@@ -104,9 +104,9 @@ class TopP(_ProbabilityFilter):
             if m >= len(head_e) or float(np.add.reduce(head_e[top], dtype=F64)) >= need:
                 break
             m *= 4
-        idx = head_idx[top]
-        idx = idx[np.negative(x[idx]).argsort(kind="stable")]  # head_idx ascending: ties by position
-        p_desc = np.true_divide(expf(np.subtract(x[idx], c.max_logit)), total)
+        order = np.negative(x[head_idx[top]]).argsort(kind="stable")  # head_idx ascending: ties by position
+        idx = head_idx[top][order]
+        p_desc = np.true_divide(head_e[top][order], total)
         keep = _nucleus_size(p_desc, self.p, self.min_keep)
         if keep == 0:
             return False
@@ -115,7 +115,6 @@ class TopP(_ProbabilityFilter):
 
 
 _SIGNIFICANT = F32(-17.5)  # e^-17.5 < 2^-25: below half an ulp of any binary32 sum that holds a value >= 1
-_HEAD = F32(-12.0)
 
 
 def _softmax_sum_f32(d: np.ndarray) -> tuple[np.float32, np.ndarray, np.ndarray]:
@@ -141,11 +140,7 @@ def _softmax_sum_f32(d: np.ndarray) -> tuple[np.float32, np.ndarray, np.ndarray]
         end = pos
     keep[:end] = True
     sig = keep.nonzero()[0]
-    ds = d[sig]
-    e = np.exp(ds)  # fast binary32 exp: exact enough below -12 (see expf_rel)
-    head = (ds >= _HEAD).nonzero()[0]
-    e_head = expf(ds[head])
-    e[head] = e_head
+    e, head, e_head = expf_split(d[sig])  # exact where it matters, see expf_rel
     return seq_sum_f32(e), sig[head], e_head
 
 
@@ -259,7 +254,7 @@ class XTC(SeededSampler):
         if self.rng.uniform_float() > self.p:
             return
         probs = softmax(c, do_sort=True)
-        # Masked entries (p = 0) are never "top choices", even with t = 0 (llama.cpp would keep one, P33).
+        # Masked entries (p = 0) are never "top choices", even with t = 0 (llama.cpp would keep one).
         below = np.flatnonzero((probs < self.t) | (probs == 0.0))
         last = int(below[0]) if len(below) else len(probs)
         last = last - 1 if last > 0 else 0  # index of the last entry >= t
