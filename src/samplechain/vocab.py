@@ -8,7 +8,14 @@ runtime) brings the model's own tokenizer.
 from __future__ import annotations
 
 import codecs
+import os
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from samplechain.gguf import GGUFFile
 
 
 class StreamDecoder:
@@ -38,6 +45,10 @@ class Vocab:
         bos: int | None = None,
         eos: int | None = None,
         eot: int | None = None,
+        add_bos: bool | None = None,
+        add_eos: bool = False,
+        tokenizer: Any = None,
+        chat_template: str | None = None,
     ) -> None:
         self._tokens = [self._check_token(i, t) for i, t in enumerate(tokens)]
         if not self._tokens:
@@ -53,7 +64,40 @@ class Vocab:
         self._lookup: dict[bytes, int] | None = None
         self._max_len = max(len(t) for t in self._tokens)
         self._dry_cache: dict = {}
+        self.add_bos = (self.bos is not None) if add_bos is None else bool(add_bos)
+        self.add_eos = bool(add_eos)
+        self.tokenizer = tokenizer  # the model's own tokenizer (``GGUFTokenizer``); None: longest match
+        self.chat_template = chat_template
         assert n == self.n_tokens
+
+    @classmethod
+    def from_gguf(cls, source: str | os.PathLike[str] | GGUFFile) -> Vocab:
+        """The vocabulary of a GGUF model: token bytes, special/EOG sets, the model's tokenizer, chat template."""
+        from samplechain.gguf import GGUFFile
+        from samplechain.tokenizer import EOG_TEXTS, TOKEN_CONTROL, GGUFTokenizer, token_bytes_table
+
+        gguf = source if isinstance(source, GGUFFile) else GGUFFile(source)
+        meta = gguf.metadata
+        tok = GGUFTokenizer(meta)
+        texts = tok.tokens
+
+        def token_id(key: str) -> int | None:
+            value = meta.get(f"tokenizer.ggml.{key}")
+            return int(value) if value is not None and 0 <= int(value) < len(texts) else None
+
+        bos, eos, eot = token_id("bos_token_id"), token_id("eos_token_id"), token_id("eot_token_id")
+        eog = [i for i, t in enumerate(texts) if t in EOG_TEXTS]
+        eom = token_id("eom_token_id")
+        return cls(
+            token_bytes_table(tok.model, texts, tok.types),
+            eog=[*eog, *(t for t in (eom,) if t is not None)],
+            special=np.flatnonzero(tok.types == TOKEN_CONTROL).tolist(),
+            bos=bos, eos=eos, eot=eot,
+            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", tok.model == "llama")),
+            add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+            tokenizer=tok,
+            chat_template=meta.get("tokenizer.chat_template"),
+        )
 
     @staticmethod
     def _check_token(i: int, t: object) -> bytes:
@@ -107,10 +151,17 @@ class Vocab:
                 raise ValueError(f"cannot tokenize byte {data[pos]:#04x} at offset {pos}: no token covers it")
         return out
 
-    def tokenize(self, text: str, add_special: bool = False) -> list[int]:
-        ids = self.tokenize_bytes(text.encode("utf-8"))
-        if add_special and self.bos is not None:
+    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        """Token ids of ``text``, as llama.cpp's ``llama_tokenize``: ``add_special`` adds BOS (and EOS) when the
+        vocabulary asks for them; ``parse_special`` matches control tokens written in the text."""
+        if self.tokenizer is not None:
+            ids = self.tokenizer.encode(text, parse_special=parse_special)
+        else:
+            ids = self.tokenize_bytes(text.encode("utf-8"))
+        if add_special and self.add_bos and self.bos is not None:
             ids.insert(0, self.bos)
+        if add_special and self.add_eos and self.eos is not None:
+            ids.append(self.eos)
         return ids
 
     def detokenize(self, ids: Iterable[int]) -> str:

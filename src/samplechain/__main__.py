@@ -1,0 +1,7 @@
+"""``python -m samplechain``: the command line."""
+
+import sys
+
+from samplechain.cli import main
+
+sys.exit(main())

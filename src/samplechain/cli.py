@@ -1,0 +1,190 @@
+"""The ``samplechain`` command: ``samplechain generate`` with llama.cpp's flag names and defaults."""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import re
+import sys
+from collections.abc import Sequence
+
+from samplechain.params import DEFAULT_SEQ_BREAKERS, SamplingParams, parse_sampler_chars, parse_sampler_names
+from samplechain.rng import DEFAULT_SEED
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with errors as llama.cpp's tools report them: usage, message, exit status 2."""
+
+
+def _unsigned_seed(text: str) -> int:
+    value = int(text, 0)
+    if value < -(2**31) or value >= 2**32:
+        raise argparse.ArgumentTypeError(f"seed {text} is out of range")
+    return value & 0xFFFFFFFF
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _logit_bias(text: str) -> tuple[int, float]:
+    m = re.fullmatch(r"\s*(\d+)\s*([+-]\s*(?:inf|[0-9.eE+-]+))\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected TOKEN_ID(+/-)BIAS, e.g. 15043+1, got {text!r}")
+    return int(m.group(1)), float(m.group(2).replace(" ", ""))
+
+
+def _unescape(text: str) -> str:
+    return codecs.decode(text.encode("utf-8", "backslashreplace"), "unicode_escape") if "\\" in text else text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="samplechain", description="llama.cpp's token sampling, rebuilt in Python")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    g = sub.add_parser("generate", help="generate text from a prompt (llama.cpp's completion flags)")
+    io = g.add_argument_group("model and prompt")
+    io.add_argument("-m", "--model", default=None,
+                    help="GGUF file, or a packaged model: smollm2 (default), gemma3-270m")
+    io.add_argument("-p", "--prompt", default=None, help="prompt text")
+    io.add_argument("-f", "--file", default=None, help="read the prompt from a file")
+    io.add_argument("-n", "--n-predict", "--predict", type=int, default=-1,
+                    help="tokens to generate (-1 = until end of generation or the context limit)")
+    io.add_argument("-c", "--ctx-size", type=_non_negative_int, default=4096, help="context size (0 = model's)")
+    io.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per forward")
+    io.add_argument("-t", "--threads", type=int, default=None, help="CPU threads")
+    io.add_argument("--keep", type=int, default=0, help="tokens of the prompt kept on context shift (-1 = all)")
+    io.add_argument("--context-shift", dest="context_shift", action="store_true", default=True,
+                    help="shift the context when it is full (default)")
+    io.add_argument("--no-context-shift", dest="context_shift", action="store_false")
+    io.add_argument("--prompt-cache", default=None, help="file to cache the prompt's state in")
+    io.add_argument("--prompt-cache-ro", action="store_true", help="use the prompt cache without updating it")
+    io.add_argument("--chat", "-cnv", action="store_true", help="apply the model's chat template to the prompt")
+    io.add_argument("--device", default="cpu", help="torch device: cpu or cuda")
+    io.add_argument("--escape", dest="escape", action="store_true", default=True,
+                    help="process escapes (\\n, \\t, ...) in the prompt (default)")
+    io.add_argument("--no-escape", dest="escape", action="store_false")
+    io.add_argument("--verbose-prompt", action="store_true", help="print the prompt's tokens to stderr")
+
+    s = g.add_argument_group("sampling (llama.cpp's flags and defaults)")
+    d = SamplingParams()
+    s.add_argument("--samplers", default=None, help=f"';'-separated sampler names (default {';'.join(d.samplers)})")
+    s.add_argument("--sampler-seq", "--sampling-seq", dest="sampler_seq", default=None,
+                   help="samplers as one letter each (default edskypmxt)")
+    s.add_argument("-s", "--seed", type=_unsigned_seed, default=DEFAULT_SEED, help="RNG seed (-1 = random)")
+    s.add_argument("--ignore-eos", action="store_true", help="never stop at end-of-generation tokens")
+    s.add_argument("--temp", "--temperature", dest="temp", type=float, default=d.temperature)
+    s.add_argument("--top-k", type=int, default=d.top_k)
+    s.add_argument("--top-p", type=float, default=d.top_p)
+    s.add_argument("--min-p", type=float, default=d.min_p)
+    s.add_argument("--top-nsigma", "--top-n-sigma", dest="top_n_sigma", type=float, default=d.top_n_sigma)
+    s.add_argument("--xtc-probability", type=float, default=d.xtc_probability)
+    s.add_argument("--xtc-threshold", type=float, default=d.xtc_threshold)
+    s.add_argument("--typical", "--typical-p", dest="typical", type=float, default=d.typical_p)
+    s.add_argument("--repeat-last-n", type=int, default=d.repeat_last_n)
+    s.add_argument("--repeat-penalty", type=float, default=d.repeat_penalty)
+    s.add_argument("--presence-penalty", type=float, default=d.presence_penalty)
+    s.add_argument("--frequency-penalty", type=float, default=d.frequency_penalty)
+    s.add_argument("--dry-multiplier", type=float, default=d.dry_multiplier)
+    s.add_argument("--dry-base", type=float, default=d.dry_base)
+    s.add_argument("--dry-allowed-length", type=int, default=d.dry_allowed_length)
+    s.add_argument("--dry-penalty-last-n", type=int, default=d.dry_penalty_last_n)
+    s.add_argument("--dry-sequence-breaker", action="append", default=None,
+                   help="repeatable; the first use replaces the defaults; 'none' clears them")
+    s.add_argument("--adaptive-target", type=float, default=d.adaptive_target)
+    s.add_argument("--adaptive-decay", type=float, default=d.adaptive_decay)
+    s.add_argument("--dynatemp-range", type=float, default=d.dynatemp_range)
+    s.add_argument("--dynatemp-exp", type=float, default=d.dynatemp_exponent)
+    s.add_argument("--mirostat", type=int, choices=(0, 1, 2), default=d.mirostat)
+    s.add_argument("--mirostat-lr", type=float, default=d.mirostat_eta)
+    s.add_argument("--mirostat-ent", type=float, default=d.mirostat_tau)
+    s.add_argument("-l", "--logit-bias", type=_logit_bias, action="append", default=[])
+    s.add_argument("--perf", dest="perf", action="store_true", default=True, help="print timings (default)")
+    s.add_argument("--no-perf", dest="perf", action="store_false")
+    return parser
+
+
+def params_from_args(args: argparse.Namespace) -> SamplingParams:
+    """The flags as ``SamplingParams`` (ValueError on invalid values, as the params validate them)."""
+    breakers = DEFAULT_SEQ_BREAKERS
+    if args.dry_sequence_breaker is not None:
+        given = [_unescape(b) for b in args.dry_sequence_breaker]
+        breakers = () if given == ["none"] else tuple(given)
+    if args.repeat_last_n < 0:
+        raise ValueError(f"--repeat-last-n must be >= 0, got {args.repeat_last_n}")
+    if args.dry_penalty_last_n < 0:
+        raise ValueError(f"--dry-penalty-last-n must be >= 0, got {args.dry_penalty_last_n}")
+    samplers = SamplingParams().samplers
+    if args.samplers is not None:
+        samplers = parse_sampler_names(args.samplers)
+    elif args.sampler_seq is not None:
+        samplers = parse_sampler_chars(args.sampler_seq)
+    return SamplingParams(
+        seed=args.seed, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, top_n_sigma=args.top_n_sigma,
+        xtc_probability=args.xtc_probability, xtc_threshold=args.xtc_threshold, typical_p=args.typical,
+        temperature=max(0.0, args.temp), dynatemp_range=args.dynatemp_range,
+        dynatemp_exponent=args.dynatemp_exp, repeat_last_n=args.repeat_last_n,
+        n_prev=max(64, args.repeat_last_n), repeat_penalty=args.repeat_penalty,
+        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+        dry_multiplier=args.dry_multiplier, dry_base=args.dry_base, dry_allowed_length=args.dry_allowed_length,
+        dry_penalty_last_n=args.dry_penalty_last_n, dry_sequence_breakers=breakers,
+        adaptive_target=args.adaptive_target, adaptive_decay=args.adaptive_decay, mirostat=args.mirostat,
+        mirostat_eta=args.mirostat_lr, mirostat_tau=args.mirostat_ent, ignore_eos=args.ignore_eos,
+        no_perf=not args.perf, samplers=samplers, logit_bias=tuple(args.logit_bias),
+    )
+
+
+def generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.prompt is not None and args.file is not None:
+        parser.error("use one of -p/--prompt and -f/--file")
+    prompt = args.prompt
+    if args.file is not None:
+        try:
+            with open(args.file, encoding="utf-8") as f:
+                prompt = f.read()
+        except OSError as e:
+            parser.error(f"cannot read prompt file {args.file}: {e.strerror}")
+    elif prompt is not None and args.escape:
+        prompt = _unescape(prompt)
+    prompt = prompt or ""
+    if args.n_predict < -1:
+        parser.error(f"argument -n/--n-predict: must be -1 or more, got {args.n_predict}")
+    try:
+        params = params_from_args(args)
+    except ValueError as e:
+        parser.error(str(e))
+
+    from samplechain.runtime import load_model
+
+    model = load_model(args.model, device=args.device, n_threads=args.threads)
+    n_ctx = args.ctx_size or model.config.n_ctx_train
+    ctx = model.new_context(n_ctx, n_batch=max(1, args.batch_size))
+    if args.verbose_prompt:
+        print(f"prompt tokens: {model.tokenize(prompt)}", file=sys.stderr)
+    out = sys.stdout
+    for piece in model.generate(prompt, params, args.n_predict, chat=args.chat, n_keep=args.keep,
+                                context_shift=args.context_shift, prompt_cache=args.prompt_cache,
+                                prompt_cache_ro=args.prompt_cache_ro, context=ctx):
+        out.write(piece)
+        out.flush()
+    out.write("\n")
+    out.flush()
+    if args.perf:
+        print(model.timings.report(), file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return generate(args, parser)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

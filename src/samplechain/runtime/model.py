@@ -1,0 +1,250 @@
+"""Transformer forward in torch for the GGUF architectures we run: ``llama`` (SmolLM2) and ``gemma3``.
+
+Weights come straight from GGUF (see ``weights.py``). Tensors follow llama.cpp's conventions: llama's Q/K rows are
+stored for the interleaved ("normal") RoPE, gemma uses NEOX RoPE, gemma's norm weights already include the +1.
+A forward step takes a batch of tokens with positions and sequence ids, writes their keys/values into KV cells and
+attends over the cells each token's sequence owns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from samplechain.gguf import GGUFError, GGUFFile
+from samplechain.runtime.kv_cache import KVCache
+from samplechain.runtime.weights import Linear, WeightLoader
+
+ARCHITECTURES = ("llama", "gemma3")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_vocab: int
+    n_ctx_train: int
+    rms_eps: float
+    rope_base: float
+    rope_neox: bool
+    rope_base_swa: float = 10000.0
+    swa_window: int | None = None
+    swa_layers: frozenset[int] = field(default_factory=frozenset)
+    attn_scale: float = 0.0
+    embed_scale: float = 1.0
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile) -> ModelConfig:
+        arch = g.architecture
+        if arch not in ARCHITECTURES:
+            raise GGUFError(f"{g.path}: architecture {arch!r} is not supported ({', '.join(ARCHITECTURES)})")
+
+        def need(key: str) -> int | float:
+            value = g.arch_get(key)
+            if value is None:
+                raise GGUFError(f"{g.path}: metadata {arch}.{key} is missing")
+            return value
+
+        n_embd, n_head = int(need("embedding_length")), int(need("attention.head_count"))
+        head_dim = int(g.arch_get("attention.key_length", n_embd // n_head))
+        n_layer = int(need("block_count"))
+        n_vocab = int(g.arch_get("vocab_size", len(g.get("tokenizer.ggml.tokens", ()))))
+        common = dict(
+            arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+            n_head_kv=int(g.arch_get("attention.head_count_kv", n_head)), head_dim=head_dim,
+            n_ff=int(need("feed_forward_length")), n_vocab=n_vocab, n_ctx_train=int(need("context_length")),
+            rms_eps=float(need("attention.layer_norm_rms_epsilon")),
+            rope_base=float(g.arch_get("rope.freq_base", 10000.0)), attn_scale=1.0 / math.sqrt(head_dim),
+        )
+        if arch == "llama":
+            return cls(**common, rope_neox=False)
+        # gemma3: 5 sliding-window layers for each global one; local layers use RoPE base 10k (llama.cpp's values)
+        window = int(g.arch_get("attention.sliding_window", 512))
+        return cls(**common, rope_neox=True, rope_base_swa=10000.0, swa_window=window,
+                   swa_layers=frozenset(i for i in range(n_layer) if i % 6 < 5), embed_scale=math.sqrt(n_embd))
+
+
+@dataclass
+class Layer:
+    attn_norm: torch.Tensor
+    qkv: Linear
+    wo: Linear
+    ffn_norm: torch.Tensor
+    gate_up: Linear
+    down: Linear
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    post_attn_norm: torch.Tensor | None = None
+    post_ffn_norm: torch.Tensor | None = None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * weight
+
+
+def neox_to_pairs(head_dim: int) -> np.ndarray:
+    """The permutation of a head's dimensions that turns NEOX RoPE pairs (i, i + d/2) into adjacent pairs."""
+    half = head_dim // 2
+    return np.stack([np.arange(half), np.arange(half) + half], axis=-1).reshape(-1)
+
+
+def rope_rotation(positions: torch.Tensor, head_dim: int, base: float) -> torch.Tensor:
+    """Complex rotations [n, 1, head_dim/2] for (possibly negative) integer positions, angles in float64."""
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+    return torch.polar(torch.ones_like(angles), angles).to(torch.complex64)[:, None, :]
+
+
+def apply_rope(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """Rotate x [n, heads, head_dim] whose RoPE pairs are adjacent dimensions (2i, 2i+1)."""
+    return torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (-1, 2))) * rotation).flatten(-2)
+
+
+class Transformer:
+    """The weights and the forward step of one model."""
+
+    def __init__(self, config: ModelConfig, loader: WeightLoader) -> None:
+        self.config = c = config
+        self.device = loader.device
+        emb = loader.gguf.info("token_embd.weight")
+        if emb.shape != (c.n_vocab, c.n_embd):
+            raise GGUFError(f"token_embd shape {emb.shape} does not match vocab {c.n_vocab} x {c.n_embd}")
+        self.tok_embd = loader.tensor("token_embd.weight")
+        self.output = loader.linear("output.weight") if loader.has("output.weight") else Linear(self.tok_embd)
+        self.output_norm = loader.tensor("output_norm.weight")
+        gemma = c.arch == "gemma3"
+        # Keys and queries are kept with RoPE pairs adjacent (llama.cpp's "normal" layout); NEOX models get their
+        # q/k rows (and q/k norm weights) permuted at load, which leaves every attention score unchanged.
+        perm = neox_to_pairs(c.head_dim) if c.rope_neox else None
+        q_rows = None if perm is None else (np.arange(c.n_head)[:, None] * c.head_dim + perm).reshape(-1)
+        k_rows = None if perm is None else (np.arange(c.n_head_kv)[:, None] * c.head_dim + perm).reshape(-1)
+
+        def head_norm(name: str) -> torch.Tensor:
+            w = loader.tensor(name)
+            return w if perm is None else w[torch.from_numpy(perm)].contiguous()
+
+        self.layers = []
+        for i in range(c.n_layer):
+            p = f"blk.{i}."
+            self.layers.append(Layer(
+                attn_norm=loader.tensor(p + "attn_norm.weight"),
+                qkv=loader.linears([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
+                                   [q_rows, k_rows, None]),
+                wo=loader.linear(p + "attn_output.weight"),
+                ffn_norm=loader.tensor(p + "ffn_norm.weight"),
+                gate_up=loader.linears([p + "ffn_gate.weight", p + "ffn_up.weight"]),
+                down=loader.linear(p + "ffn_down.weight"),
+                q_norm=head_norm(p + "attn_q_norm.weight") if gemma else None,
+                k_norm=head_norm(p + "attn_k_norm.weight") if gemma else None,
+                post_attn_norm=loader.tensor(p + "post_attention_norm.weight") if gemma else None,
+                post_ffn_norm=loader.tensor(p + "post_ffw_norm.weight") if gemma else None,
+            ))
+
+    def dense(self) -> Transformer:
+        """A copy whose 4-bit linears are dequantized (the reference path)."""
+        return self._map_linears(Linear.dense)
+
+    def with_int4_dtype(self, dtype: torch.dtype) -> Transformer:
+        """A copy whose 4-bit linears take activations in ``dtype``."""
+        return self._map_linears(lambda lin: lin.with_compute_dtype(dtype))
+
+    def _map_linears(self, fn: Callable[[Linear], Linear]) -> Transformer:
+        other = object.__new__(Transformer)
+        other.__dict__.update(self.__dict__)
+        other.output = fn(self.output)
+        other.layers = [Layer(**{k: (fn(v) if isinstance(v, Linear) else v) for k, v in vars(layer).items()})
+                        for layer in self.layers]
+        return other
+
+    def new_cache(self, size: int, n_seq_max: int = 1) -> KVCache:
+        c = self.config
+        return KVCache(c.n_layer, c.n_head_kv, c.head_dim, c.head_dim, size, n_seq_max, device=self.device)
+
+    def layer_base(self, i: int) -> float:
+        c = self.config
+        return c.rope_base_swa if i in c.swa_layers else c.rope_base
+
+    def apply_kv_shift(self, cache: KVCache) -> None:
+        """Re-rotate stored keys by each cell's pending position shift (llama.cpp's K-shift)."""
+        shift = cache.take_shift()
+        if shift is None:
+            return
+        cells = torch.from_numpy(np.flatnonzero(shift)).to(self.device)
+        if cells.numel() == 0:
+            return
+        delta = torch.from_numpy(shift).to(self.device)[cells]
+        rotations: dict[float, torch.Tensor] = {}
+        for i in range(self.config.n_layer):
+            base = self.layer_base(i)
+            if base not in rotations:
+                rotations[base] = rope_rotation(delta, self.config.head_dim, base)
+            k = cache.k[i][:, cells].transpose(0, 1)  # [cells, heads, dim]
+            cache.k[i][:, cells] = apply_rope(k, rotations[base]).transpose(0, 1)
+
+    @torch.inference_mode()
+    def forward(self, cache: KVCache, tokens: np.ndarray, positions: np.ndarray, seq_ids: list[tuple[int, ...]],
+                outputs: np.ndarray) -> torch.Tensor:
+        """Logits [n_outputs, n_vocab] (float32) for the rows where ``outputs`` is true."""
+        c = self.config
+        self.apply_kv_shift(cache)
+        n = len(tokens)
+        cells_np = cache.find_slot(n)
+        cache.occupy(cells_np, positions, seq_ids)
+        n_kv = cache.n_attn
+        first_seq = np.array([s[0] for s in seq_ids], dtype=np.int64)
+        contiguous = bool(cells_np[-1] - cells_np[0] == n - 1)
+        cells = slice(int(cells_np[0]), int(cells_np[0]) + n) if contiguous else torch.from_numpy(cells_np)
+        masks = {}
+        windows = ({c.swa_window} if c.swa_layers else set()) | ({None} if len(c.swa_layers) < c.n_layer else set())
+        for window in windows:
+            m = cache.mask(positions, first_seq, n_kv, window)
+            masks[window] = None if m.all() else torch.from_numpy(m).to(self.device)
+        pos_t = torch.from_numpy(positions).to(self.device)
+        ropes = {b: rope_rotation(pos_t, c.head_dim, b) for b in {self.layer_base(i) for i in range(c.n_layer)}}
+
+        x = self.tok_embd[torch.from_numpy(tokens.astype(np.int64)).to(self.device)]
+        if c.embed_scale != 1.0:
+            x = x * c.embed_scale
+        qd, kd = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.attn_norm, c.rms_eps)
+            q, k, v = layer.qkv(h).split([qd, kd, kd], dim=-1)
+            q = q.view(n, c.n_head, c.head_dim)
+            k = k.view(n, c.n_head_kv, c.head_dim)
+            if layer.q_norm is not None:
+                q = rms_norm(q, layer.q_norm, c.rms_eps)
+                k = rms_norm(k, layer.k_norm, c.rms_eps)
+            rotation = ropes[self.layer_base(i)]
+            q = apply_rope(q, rotation)
+            k = apply_rope(k, rotation)
+            cache.k[i][:, cells] = k.transpose(0, 1)
+            cache.v[i][:, cells] = v.view(n, c.n_head_kv, c.head_dim).transpose(0, 1)
+            mask = masks[c.swa_window if i in c.swa_layers else None]
+            att = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None], cache.k[i][None, :, :n_kv], cache.v[i][None, :, :n_kv],
+                attn_mask=mask, scale=c.attn_scale, enable_gqa=c.n_head != c.n_head_kv)
+            att = layer.wo(att[0].transpose(0, 1).reshape(n, qd))
+            if layer.post_attn_norm is not None:
+                att = rms_norm(att, layer.post_attn_norm, c.rms_eps)
+            x = x + att
+            h = rms_norm(x, layer.ffn_norm, c.rms_eps)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            act = F.gelu(gate, approximate="tanh") if c.arch == "gemma3" else F.silu(gate)
+            ffn = layer.down(act * up)
+            if layer.post_ffn_norm is not None:
+                ffn = rms_norm(ffn, layer.post_ffn_norm, c.rms_eps)
+            x = x + ffn
+        rows = torch.from_numpy(np.flatnonzero(outputs)).to(self.device)
+        if rows.numel() != n:
+            x = x[rows]
+        return self.output(rms_norm(x, self.output_norm, c.rms_eps))

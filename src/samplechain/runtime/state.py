@@ -1,0 +1,113 @@
+"""State files (prompt caches): the KV cache's used cells and the token list, checked on load.
+
+Layout: ``b"SCKV"``, u32 version, u32 header length, a JSON header (model identity, shapes, dtype, token ids,
+cell count), then the cells' positions (int64), owner bits (uint8 [n_cells, n_seq_max]), keys and values
+(``[n_layer, n_head_kv, n_cells, head_dim]`` each). Loading refuses a file of another version, model, shape
+or dtype, a truncated file and trailing bytes, with a ``StateError`` that says which.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from typing import Any
+
+import numpy as np
+import torch
+
+from samplechain.runtime.kv_cache import KVCache
+
+MAGIC = b"SCKV"
+VERSION = 1
+
+
+class StateError(ValueError):
+    """A state file that cannot be loaded into this model and context."""
+
+
+def _identity(model: Any) -> dict[str, Any]:
+    c = model.config
+    return {"arch": c.arch, "n_layer": c.n_layer, "n_head_kv": c.n_head_kv, "head_dim": c.head_dim,
+            "n_embd": c.n_embd, "n_vocab": c.n_vocab}
+
+
+def save_state(path: str | os.PathLike[str], model: Any, cache: KVCache, tokens: list[int]) -> int:
+    """Write the cache's used cells and ``tokens``; returns the number of bytes written."""
+    model.apply_kv_shift(cache)
+    cells = np.flatnonzero(cache.pos >= 0)
+    cells = cells[np.argsort(cache.pos[cells], kind="stable")]
+    idx = torch.from_numpy(cells).to(cache.k.device)
+    header = {**_identity(model), "dtype": str(cache.k.dtype).removeprefix("torch."), "n_seq_max": cache.n_seq_max,
+              "n_cells": int(cells.size), "tokens": [int(t) for t in tokens]}
+    head = json.dumps(header).encode()
+    parts = [MAGIC, struct.pack("<II", VERSION, len(head)), head,
+             cache.pos[cells].astype("<i8").tobytes(), cache.seq[cells].astype(np.uint8).tobytes(),
+             cache.k[:, :, idx].contiguous().cpu().numpy().tobytes(),
+             cache.v[:, :, idx].contiguous().cpu().numpy().tobytes()]
+    tmp = f"{os.fspath(path)}.tmp"
+    with open(tmp, "wb") as f:
+        for part in parts:
+            f.write(part)
+    os.replace(tmp, path)
+    return sum(len(p) for p in parts)
+
+
+def load_state(path: str | os.PathLike[str], model: Any, cache: KVCache) -> list[int]:
+    """Replace the cache's contents with the file's; returns the saved token list."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise StateError(f"{path}: cannot read state file: {e.strerror}") from e
+    if len(data) < 12 or data[:4] != MAGIC:
+        raise StateError(f"{path}: not a samplechain state file")
+    version, n_head = struct.unpack_from("<II", data, 4)
+    if version != VERSION:
+        raise StateError(f"{path}: state file version {version}, this build reads version {VERSION}")
+    try:
+        header = json.loads(data[12:12 + n_head])
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise StateError(f"{path}: corrupt state header") from e
+    if not isinstance(header, dict):
+        raise StateError(f"{path}: corrupt state header")
+    for key, value in _identity(model).items():
+        if header.get(key) != value:
+            raise StateError(f"{path}: saved for {key}={header.get(key)!r}, this model has {key}={value!r}")
+    dtype = str(cache.k.dtype).removeprefix("torch.")
+    if header.get("dtype") != dtype:
+        raise StateError(f"{path}: saved with dtype {header.get('dtype')!r}, this cache uses {dtype!r}")
+    n_cells, n_seq = header.get("n_cells"), header.get("n_seq_max")
+    tokens = header.get("tokens")
+    if not isinstance(n_cells, int) or not isinstance(n_seq, int) or not isinstance(tokens, list) \
+            or not all(isinstance(t, int) and 0 <= t < model.config.n_vocab for t in tokens):
+        raise StateError(f"{path}: corrupt state header")
+    if n_cells > cache.size:
+        raise StateError(f"{path}: {n_cells} saved cells do not fit a context of {cache.size}")
+    if n_seq > cache.n_seq_max:
+        raise StateError(f"{path}: saved with {n_seq} sequences, this context has {cache.n_seq_max}")
+    c = model.config
+    kv_elems = c.n_layer * c.n_head_kv * n_cells * c.head_dim
+    item = cache.k.element_size()
+    sizes = [n_cells * 8, n_cells * n_seq, kv_elems * item, kv_elems * item]
+    if 12 + n_head + sum(sizes) != len(data):
+        raise StateError(f"{path}: state file is {len(data)} bytes, expected {12 + n_head + sum(sizes)} (truncated?)")
+    offset = 12 + n_head
+    chunks = []
+    for size in sizes:
+        chunks.append(data[offset:offset + size])
+        offset += size
+    pos = np.frombuffer(chunks[0], dtype="<i8").astype(np.int64)
+    seq = np.frombuffer(chunks[1], dtype=np.uint8).reshape(n_cells, n_seq).astype(bool)
+    if (pos < 0).any() or (n_cells and not seq.any(axis=1).all()):
+        raise StateError(f"{path}: corrupt cell metadata")
+    shape = (c.n_layer, c.n_head_kv, n_cells, c.head_dim)
+    np_dtype = torch.empty(0, dtype=cache.k.dtype).numpy().dtype
+    cache.clear()
+    cache.pos[:n_cells] = pos
+    cache.seq[:n_cells, :n_seq] = seq
+    cache.k[:, :, :n_cells] = torch.from_numpy(np.frombuffer(chunks[2], dtype=np_dtype).reshape(shape).copy())
+    cache.v[:, :, :n_cells] = torch.from_numpy(np.frombuffer(chunks[3], dtype=np_dtype).reshape(shape).copy())
+    cache.head = n_cells if n_cells < cache.size else 0
+    return tokens
