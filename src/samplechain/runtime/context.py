@@ -78,6 +78,16 @@ class Context:
             return torch.empty(0, self.n_vocab)
         return results[0] if len(results) == 1 else torch.cat(results)
 
+    def context_shift(self, n_past: int, n_keep: int, seq: int = 0) -> int:
+        """llama.cpp's context shift: keep the first ``n_keep`` positions, drop half of the rest, slide the
+        remainder back (keys are re-rotated at the next decode). Returns the new ``n_past``."""
+        n_discard = (n_past - n_keep) // 2
+        if n_keep < 0 or n_discard <= 0:
+            raise ValueError(f"cannot shift a context of {n_past} tokens keeping {n_keep}: nothing to discard")
+        self.kv.seq_rm(seq, n_keep, n_keep + n_discard)
+        self.kv.seq_add(seq, n_keep + n_discard, n_past, -n_discard)
+        return n_past - n_discard
+
     # llama_memory_* on this context's cache
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
         return self.kv.seq_rm(seq, p0, p1)

@@ -185,13 +185,18 @@ class Model:
         for tok in tokens:
             sampler.accept(tok, is_generated=False)
 
+        # As llama.cpp's completion tool: all but the last prompt token first (that state is what a prompt cache
+        # stores), then the last one alone, so a run that reloads the cache computes exactly the same logits.
         start = time.perf_counter()
-        logits = ctx.decode(tokens[n_past:], positions=range(n_past, len(tokens)))[-1]
+        if n_past < len(tokens) - 1:
+            head = tokens[n_past:-1]
+            ctx.decode(head, positions=range(n_past, len(tokens) - 1), outputs=[False] * len(head))
+        if prompt_cache is not None and not prompt_cache_ro and t.n_reused < len(tokens) - 1:
+            ctx.save_state(prompt_cache, tokens)
+        logits = ctx.decode(tokens[-1:], positions=[len(tokens) - 1])[-1]
         t.prompt_ms = (time.perf_counter() - start) * 1e3
         t.n_prompt = len(tokens) - n_past
         n_past = len(tokens)
-        if prompt_cache is not None and not prompt_cache_ro and t.n_reused < len(tokens):
-            ctx.save_state(prompt_cache, tokens)
 
         decoder = self.vocab.stream_decoder()
         n_generated = 0
@@ -213,7 +218,8 @@ class Model:
                 if not context_shift:
                     print("\nwarning: context full and context shift is off, stopping", file=sys.stderr)
                     break
-                n_past = self._shift(ctx, n_past, n_keep)
+                n_past = ctx.context_shift(n_past, n_keep)
+                self.context_shifts += 1
             start = time.perf_counter()
             logits = ctx.decode([token], positions=[n_past])[-1]
             t.eval_ms += (time.perf_counter() - start) * 1e3
@@ -222,17 +228,6 @@ class Model:
         tail = decoder.flush()
         if tail:
             yield tail
-
-    def _shift(self, ctx: Context, n_past: int, n_keep: int) -> int:
-        """llama.cpp's context shift: keep ``n_keep`` tokens, drop half of the rest, slide the remainder back."""
-        n_left = n_past - n_keep
-        n_discard = n_left // 2
-        if n_discard <= 0:
-            raise ValueError(f"context of {ctx.n_ctx} cannot shift: n_keep {n_keep} leaves nothing to discard")
-        ctx.seq_rm(0, n_keep, n_keep + n_discard)
-        ctx.seq_add(0, n_keep + n_discard, n_past, -n_discard)
-        self.context_shifts += 1
-        return n_past - n_discard
 
     def _reuse_prompt_cache(self, ctx: Context, path: str | os.PathLike[str], tokens: list[int]) -> int:
         """Load a prompt cache and keep its longest common prefix with ``tokens`` (at least one token is left
