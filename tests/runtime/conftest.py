@@ -1,7 +1,6 @@
 import os
 
 import pytest
-
 import torch
 
 from samplechain.runtime import load_model, model_path

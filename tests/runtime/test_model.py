@@ -8,7 +8,8 @@ import torch
 from samplechain.runtime import Context, KVCacheFull
 
 PROMPTS = {
-    "smollm2": "<|im_start|>user\nWhat is the capital of France? Answer in one word.<|im_end|>\n<|im_start|>assistant\n",
+    "smollm2": "<|im_start|>user\nWhat is the capital of France? Answer in one word.<|im_end|>\n"
+               "<|im_start|>assistant\n",
     "gemma3-270m": "The quick brown fox jumps over the lazy dog. In 1492, Columbus sailed",
 }
 
@@ -33,7 +34,7 @@ def _all_logits(transformer, tokens, n_ctx=256):
 
 
 def test_dequantized_path_matches_transformers(model_and_reference):
-    name, model, tokens, ref = model_and_reference
+    _name, model, tokens, ref = model_and_reference
     ours = _all_logits(model.transformer.dense(), tokens)
     assert ours.shape == ref.shape
     assert (ours - ref).abs().max().item() < 2e-3
@@ -42,7 +43,7 @@ def test_dequantized_path_matches_transformers(model_and_reference):
 
 def test_default_path_matches_transformers(model_and_reference):
     """The default path (int4 kernel, possibly with bfloat16 activations) stays close: same top tokens."""
-    name, model, tokens, ref = model_and_reference
+    _name, model, tokens, ref = model_and_reference
     ours = _all_logits(model.transformer, tokens)
     scale = ref.abs().max().item()
     assert (ours - ref).abs().max().item() < 0.03 * scale
@@ -90,11 +91,11 @@ def test_one_batch_of_several_sequences_equals_separate_decoding(any_model):
     for end in (len(a), len(a) + len(b), len(tokens)):
         outputs[end - 1] = True
     batched = ctx.decode(tokens, positions, seqs, outputs)
-    for got, want in zip(batched, separate):
+    for got, want in zip(batched, separate, strict=False):
         torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
     # a further token for sequence 1 only sees sequence 1
     ctx2 = Context(dense, 128)
-    want = ctx2.decode(b + [a[-1]])[-1]
+    want = ctx2.decode([*b, a[-1]])[-1]
     got = ctx.decode([a[-1]], [len(b)], [1])[-1]
     torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
 
