@@ -202,7 +202,7 @@ class Model:
         n_generated = 0
         while n_predict < 0 or n_generated < n_predict:
             start = time.perf_counter()
-            token = sampler.sample(logits.numpy())
+            token = sampler.sample(logits.cpu().numpy())
             t.sample_ms += (time.perf_counter() - start) * 1e3
             t.n_sample += 1
             if self.vocab.is_eog(token):
