@@ -13,7 +13,6 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -268,8 +267,3 @@ def load_model(path: str | os.PathLike[str] | None = None, *, device: str | torc
         raise ValueError(f"{resolved}: vocabulary has {vocab.n_tokens} tokens, the model {config.n_vocab}")
     return Model(resolved, gguf, transformer, vocab, (time.perf_counter() - start) * 1e3)
 
-
-def describe(model: Any) -> str:
-    c = model.config
-    return (f"{model.name}: {c.arch}, {c.n_layer} layers, d_model {c.n_embd}, {c.n_head}/{c.n_head_kv} heads, "
-            f"vocab {c.n_vocab}")

@@ -78,11 +78,6 @@ class Linear:
     def dense(self) -> Linear:
         return self if self.packed is None else Linear(self.dense_weight())
 
-    def to(self, device: torch.device) -> Linear:
-        if device.type == "cpu":
-            return self
-        return Linear(self.dense_weight().to(device))
-
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             y = torch._weight_int4pack_mm_for_cpu(x.to(self.scales.dtype), self.packed, GROUP, self.scales)
