@@ -110,15 +110,15 @@ class GGUFTokenizer:
         self._backend: Any = None
 
     def _build(self) -> Any:
-        from tokenizers import Tokenizer, normalizers, pre_tokenizers
+        from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
         from tokenizers.models import BPE
 
-        rank = {t: i for i, t in reversed(list(enumerate(self.tokens)))}
         if self.model == "gpt2":
+            rank = {t: i for i, t in reversed(list(enumerate(self.tokens)))}
             merges = [tuple(m.split(" ", 1)) for m in self._merges] if self._merges is not None else []
             tok = Tokenizer(BPE(rank, merges, fuse_unk=False, byte_fallback=False))
             if self.pre in _PRE_TOKENIZER_REGEX:
-                split = pre_tokenizers.Split(tokenizers_regex(_PRE_TOKENIZER_REGEX[self.pre]), behavior="isolated")
+                split = pre_tokenizers.Split(Regex(_PRE_TOKENIZER_REGEX[self.pre]), behavior="isolated")
                 tok.pre_tokenizer = pre_tokenizers.Sequence(
                     [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
             elif self.pre in _DIGIT_SPLITTING:
@@ -164,7 +164,3 @@ class GGUFTokenizer:
     def _encode_plain(self, text: str) -> list[int]:
         return list(self.backend.encode(text, add_special_tokens=False).ids)
 
-
-def tokenizers_regex(pattern: str) -> Any:
-    from tokenizers import Regex
-    return Regex(pattern)

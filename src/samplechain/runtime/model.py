@@ -174,6 +174,10 @@ class Transformer:
         c = self.config
         return c.rope_base_swa if i in c.swa_layers else c.rope_base
 
+    def layer_window(self, i: int) -> int | None:
+        """The sliding window of layer ``i``, None for global attention."""
+        return self.config.swa_window if i in self.config.swa_layers else None
+
     def apply_kv_shift(self, cache: KVCache) -> None:
         """Re-rotate stored keys by each cell's pending position shift (llama.cpp's K-shift)."""
         shift = cache.take_shift()
@@ -205,8 +209,7 @@ class Transformer:
         contiguous = bool(cells_np[-1] - cells_np[0] == n - 1)
         cells = slice(int(cells_np[0]), int(cells_np[0]) + n) if contiguous else torch.from_numpy(cells_np)
         masks = {}
-        windows = ({c.swa_window} if c.swa_layers else set()) | ({None} if len(c.swa_layers) < c.n_layer else set())
-        for window in windows:
+        for window in {self.layer_window(i) for i in range(c.n_layer)}:
             m = cache.mask(positions, first_seq, n_kv, window)
             masks[window] = None if m.all() else torch.from_numpy(m).to(self.device)
         pos_t = torch.from_numpy(positions).to(self.device)
@@ -229,7 +232,7 @@ class Transformer:
             k = apply_rope(k, rotation)
             cache.k[i][:, cells] = k.transpose(0, 1)
             cache.v[i][:, cells] = v.view(n, c.n_head_kv, c.head_dim).transpose(0, 1)
-            mask = masks[c.swa_window if i in c.swa_layers else None]
+            mask = masks[self.layer_window(i)]
             att = F.scaled_dot_product_attention(
                 q.transpose(0, 1)[None], cache.k[i][None, :, :n_kv], cache.v[i][None, :, :n_kv],
                 attn_mask=mask, scale=c.attn_scale, enable_gqa=c.n_head != c.n_head_kv)

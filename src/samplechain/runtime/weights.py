@@ -44,18 +44,17 @@ class Linear:
     """y = x @ W.T for one weight matrix [out, in]: int4-packed (CPU) or dense float32."""
 
     def __init__(self, dense: torch.Tensor | None = None, *, packed: torch.Tensor | None = None,
-                 scales: torch.Tensor | None = None, q4: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-                 out_features: int = 0) -> None:
+                 scales: torch.Tensor | None = None,
+                 q4: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
         self.weight = dense
         self.packed, self.scales, self._q4 = packed, scales, q4
-        self.out_features = dense.shape[0] if dense is not None else out_features
 
     @classmethod
     def int4(cls, q: np.ndarray, d: np.ndarray, m: np.ndarray, dtype: torch.dtype | None = None) -> Linear:
         packed = torch._convert_weight_to_int4pack_for_cpu(torch.from_numpy(q.astype(np.int32)), 1)
         sz = np.stack([d, m + 8.0 * d], axis=-1).transpose(1, 0, 2)
         scales = torch.from_numpy(np.ascontiguousarray(sz)).to(dtype or int4_compute_dtype())
-        return cls(packed=packed, scales=scales, q4=(q, d, m), out_features=q.shape[0])
+        return cls(packed=packed, scales=scales, q4=(q, d, m))
 
     def with_compute_dtype(self, dtype: torch.dtype) -> Linear:
         """The same int4 linear with another activation dtype (float32 is exact, bfloat16 fast on AVX2)."""
@@ -63,7 +62,8 @@ class Linear:
 
     @staticmethod
     def concat(parts: list[Linear]) -> Linear:
-        """One linear computing several with the same input (q|k|v, gate|up), to save kernel calls."""
+        """One linear computing several with the same input (q|k|v, gate|up), to save kernel calls: int4 when
+        every part is, else dense."""
         if all(p._q4 is not None for p in parts):
             return Linear.int4(*(np.concatenate([p._q4[i] for p in parts]) for i in range(3)))  # type: ignore[index]
         return Linear(torch.cat([p.dense_weight() for p in parts]))
