@@ -236,10 +236,10 @@ class Grammar:
                                            "rewrite ambiguous repetitions (e.g. x? x? x? as x{0,3})")
                 continue
             pos = s[-1]
-            base = s[:-1] if self._end(pos + 1) else s[:-1] + (pos + 1,)
+            base = s[:-1] if self._end(pos + 1) else (*s[:-1], pos + 1)
             sub = rule_start[values[pos]]
             while True:
-                todo.append(base if self._end(sub) else base + (sub,))
+                todo.append(base if self._end(sub) else (*base, sub))
                 while not self._end(sub):
                     sub += 1
                 if types[sub] != ALT:
@@ -251,13 +251,13 @@ class Grammar:
         done = self._step.get(stack)
         if done is None:
             nxt = self.charsets[stack[-1]].next
-            done = self._step[stack] = self.advance(stack[:-1] if self._end(nxt) else stack[:-1] + (nxt,))
+            done = self._step[stack] = self.advance(stack[:-1] if self._end(nxt) else (*stack[:-1], nxt))
         return done
 
     def after_token(self, stack: Stack) -> tuple[Stack, ...]:
         """The stacks after the token element on top of ``stack`` matched."""
         nxt = stack[-1] + 1
-        return self.advance(stack[:-1] if self._end(nxt) else stack[:-1] + (nxt,))
+        return self.advance(stack[:-1] if self._end(nxt) else (*stack[:-1], nxt))
 
     def token_matches(self, pos: int, token: int) -> bool:
         return (self.values[pos] == token) == (self.types[pos] == TOKEN)
@@ -520,7 +520,7 @@ class TokenTable:
         self.eog = np.array(sorted(eog_set), dtype=np.int64)
         self.usable = usable
         self.usable_ids = np.flatnonzero(usable)
-        self.flat = np.array(flat + [0], dtype=np.int64)
+        self.flat = np.array([*flat, 0], dtype=np.int64)
         self.lut_size = int(self.flat.max()) + 1  # lookup tables cover every code point the vocabulary has
         self.offsets = offsets
         self.lens = lens
