@@ -2,6 +2,7 @@
 
 from samplechain.candidates import Candidates
 from samplechain.chain import Chain
+from samplechain.grammar import GrammarError, GrammarSampler
 from samplechain.params import CommonSampler, SamplingParams
 from samplechain.rng import DEFAULT_SEED
 from samplechain.samplers import (
@@ -30,6 +31,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_SEED", "DRY", "XTC", "AdaptiveP", "Candidates", "Chain", "CommonSampler", "Dist",
-    "DynamicTemperature", "Greedy", "Infill", "LogitBias", "MinP", "Mirostat", "MirostatV2", "Penalties",
+    "DynamicTemperature", "Greedy", "GrammarError", "GrammarSampler", "Infill", "LogitBias", "MinP", "Mirostat", "MirostatV2", "Penalties",
     "Sampler", "SamplingParams", "Temperature", "TopK", "TopNSigma", "TopP", "Typical", "Vocab",
 ]

@@ -103,7 +103,39 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-l", "--logit-bias", type=_logit_bias, action="append", default=[])
     s.add_argument("--perf", dest="perf", action="store_true", default=True, help="print timings (default)")
     s.add_argument("--no-perf", dest="perf", action="store_false")
+    c = g.add_argument_group("constrained output")
+    c.add_argument("--grammar", default=None, help="GBNF grammar the output must follow")
+    c.add_argument("--grammar-file", default=None, help="read the GBNF grammar from a file")
+    c.add_argument("-j", "--json-schema", default=None,
+                   help='JSON Schema the output must follow, e.g. \'{"type": "object"}\' ({} = any JSON object)')
+    c.add_argument("-jf", "--json-schema-file", default=None, help="read the JSON Schema from a file")
     return parser
+
+
+def _read(path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"cannot read {what} {path}: {e.strerror}") from None
+
+
+def _constraint(args: argparse.Namespace) -> dict:
+    """``grammar`` / ``json_schema`` from the four flags (at most one of them)."""
+    given = [(flag, v) for flag, v in (("--grammar", args.grammar), ("--grammar-file", args.grammar_file),
+                                       ("--json-schema", args.json_schema),
+                                       ("--json-schema-file", args.json_schema_file)) if v is not None]
+    if len(given) > 1:
+        raise ValueError(f"use only one of {', '.join(f for f, _ in given)}")
+    if args.grammar is not None:
+        return {"grammar": args.grammar}
+    if args.grammar_file is not None:
+        return {"grammar": _read(args.grammar_file, "grammar file")}
+    if args.json_schema is not None:
+        return {"json_schema": args.json_schema}
+    if args.json_schema_file is not None:
+        return {"json_schema": _read(args.json_schema_file, "JSON schema file")}
+    return {}
 
 
 def params_from_args(args: argparse.Namespace) -> SamplingParams:
@@ -132,7 +164,7 @@ def params_from_args(args: argparse.Namespace) -> SamplingParams:
         dry_penalty_last_n=args.dry_penalty_last_n, dry_sequence_breakers=breakers,
         adaptive_target=args.adaptive_target, adaptive_decay=args.adaptive_decay, mirostat=args.mirostat,
         mirostat_eta=args.mirostat_lr, mirostat_tau=args.mirostat_ent, ignore_eos=args.ignore_eos,
-        no_perf=not args.perf, samplers=samplers, logit_bias=tuple(args.logit_bias),
+        no_perf=not args.perf, samplers=samplers, logit_bias=tuple(args.logit_bias), **_constraint(args),
     )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,6 +28,7 @@ import numpy as np
 
 from samplechain.candidates import Candidates
 from samplechain.chain import Chain
+from samplechain.grammar import GrammarSampler, json_schema_to_gbnf
 from samplechain.rng import DEFAULT_SEED, check_seed
 from samplechain.samplers import (
     DRY,
@@ -143,6 +145,11 @@ class SamplingParams:
     backend_sampling: bool = False
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
     logit_bias: tuple[tuple[int | str, float], ...] = ()
+    grammar: str = ""
+    json_schema: Any = None  # a schema (dict) or its JSON text; wins over ``grammar`` (llama-server)
+    grammar_lazy: bool = False
+    grammar_triggers: tuple[tuple[int, str, int | None], ...] = ()  # (type, value, token); TRIGGER_* types
+    preserved_tokens: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.seed = check_seed(self.seed)
@@ -177,6 +184,16 @@ class SamplingParams:
         self.dry_sequence_breakers = breakers
         self.samplers = parse_sampler_names(self.samplers)
         self.logit_bias = _parse_logit_bias(self.logit_bias)
+        if not isinstance(self.grammar, str):
+            raise ValueError(f"grammar must be GBNF text, got {type(self.grammar).__name__}")
+        if self.json_schema is not None and not isinstance(self.json_schema, (dict, str, bool)):
+            raise ValueError(f"json_schema must be an object (or its JSON text), got {type(self.json_schema).__name__}")
+        if not isinstance(self.grammar_lazy, bool):
+            raise ValueError(f"grammar_lazy must be true or false, got {self.grammar_lazy!r}")
+        self.grammar_triggers = tuple(_parse_trigger(t) for t in self.grammar_triggers)
+        if isinstance(self.preserved_tokens, str) or not all(isinstance(t, str) for t in self.preserved_tokens):
+            raise ValueError("preserved_tokens must be a list of strings")
+        self.preserved_tokens = tuple(self.preserved_tokens)
 
     # --- server request fields ---------------------------------------------------------------------------
 
@@ -212,6 +229,9 @@ class SamplingParams:
         d["dry_sequence_breakers"] = list(self.dry_sequence_breakers)
         d["samplers"] = list(self.samplers)
         d["logit_bias"] = [[t, b if math.isfinite(b) else False] for t, b in self.logit_bias]
+        d["grammar_triggers"] = [{"type": k, "value": v, **({"token": t} if t is not None else {})}
+                                 for k, v, t in self.grammar_triggers]
+        d["preserved_tokens"] = list(self.preserved_tokens)
         return d
 
     @property
@@ -248,6 +268,30 @@ def _parse_logit_bias(value: object) -> tuple[tuple[int | str, float], ...]:
             raise ValueError(f"logit_bias of {token!r} must not be +inf")
         out.append((token, bias))
     return tuple(out)
+
+
+# grammar trigger types (llama.cpp's common_grammar_trigger_type, spec/grammar §4.3)
+TRIGGER_TOKEN, TRIGGER_WORD, TRIGGER_PATTERN, TRIGGER_PATTERN_FULL = range(4)
+
+
+def _parse_trigger(t: object) -> tuple[int, str, int | None]:
+    """A trigger as ``{"type": int, "value": str, "token": int?}`` or a ``(type, value, token)`` tuple."""
+    if isinstance(t, Mapping):
+        kind, value, token = t.get("type"), t.get("value"), t.get("token")
+    elif isinstance(t, (list, tuple)) and len(t) in (2, 3):
+        kind, value, token = (*t, None)[:3]
+    else:
+        raise ValueError(f"grammar trigger must be an object with type and value, got {t!r}")
+    if isinstance(kind, bool) or kind not in (TRIGGER_TOKEN, TRIGGER_WORD, TRIGGER_PATTERN, TRIGGER_PATTERN_FULL):
+        raise ValueError(f"grammar trigger type must be 0 (token), 1 (word), 2 (pattern) or 3 (full pattern), "
+                         f"got {kind!r}")
+    if not isinstance(value, str):
+        raise ValueError(f"grammar trigger value must be a string, got {value!r}")
+    if token is not None and (isinstance(token, bool) or not isinstance(token, int) or token < 0):
+        raise ValueError(f"grammar trigger token must be a token id, got {token!r}")
+    if kind == TRIGGER_TOKEN and token is None:
+        raise ValueError(f"grammar trigger {value!r} of type token needs a token id")
+    return kind, value, token
 
 
 def _as_int(value: object) -> int:
@@ -347,7 +391,16 @@ _SERVER_FIELDS = {
     "backend_sampling": _as_bool,
     "samplers": _samplers,
     "logit_bias": _parse_logit_bias,
+    "grammar": lambda v: v if isinstance(v, str) else _fail("must be a string"),
+    "json_schema": lambda v: v if isinstance(v, (dict, bool)) else _fail("must be an object"),
+    "grammar_lazy": _as_bool,
+    "grammar_triggers": lambda v: tuple(v) if isinstance(v, list) else _fail("must be an array"),
+    "preserved_tokens": lambda v: tuple(v) if isinstance(v, list) else _fail("must be an array"),
 }
+
+
+def _fail(message: str) -> Any:
+    raise ValueError(message)
 # llama-server aliases and llama.cpp's common_params_sampling names
 _ALIASES = {
     "logprobs": "n_probs", "temp": "temperature", "typ_p": "typical_p", "penalty_last_n": "repeat_last_n",
@@ -378,13 +431,47 @@ class CommonSampler:
                 raise ValueError(f"n_vocab {n_vocab} does not match the vocabulary's {vocab.n_tokens} tokens")
             n_vocab = vocab.n_tokens
         self.n_vocab = None if n_vocab is None else check_int("n_vocab", n_vocab, minimum=1)
-        self.grammar = grammar
+        self.grammar = grammar if grammar is not None else self._build_grammar()
         self.chain = self._build_chain()
         self.prev: deque[int] = deque(maxlen=max(32, self.params.n_prev))
         self._cur: Candidates | None = None
         self._t_total_us = 0.0
 
     # --- construction ------------------------------------------------------------------------------------
+
+    def _build_grammar(self) -> GrammarSampler | None:
+        """The grammar sampler from ``grammar`` / ``json_schema`` / lazy triggers (common_sampler_init)."""
+        p = self.params
+        text = p.grammar
+        if p.json_schema is not None:
+            text = json_schema_to_gbnf(p.json_schema)
+        if not text.strip():
+            return None
+        if self.vocab is None:
+            raise ValueError("a grammar needs the vocabulary: pass vocab to CommonSampler")
+        if not p.grammar_lazy:
+            return GrammarSampler(self.vocab, text)
+        patterns: list[str] = []
+        tokens: list[int] = []
+        for kind, value, token in p.grammar_triggers:
+            if kind == TRIGGER_TOKEN:
+                tokens.append(token)
+            elif kind == TRIGGER_WORD:
+                ids = self.vocab.tokenize(value, parse_special=True)
+                if len(ids) == 1:  # llama-server: a one-token word triggers by id and must be preserved
+                    if value not in p.preserved_tokens:
+                        raise ValueError(f"Grammar trigger word should be marked as preserved token: {value!r}")
+                    tokens.append(ids[0])
+                else:
+                    patterns.append(re.escape(value))
+            elif kind == TRIGGER_PATTERN:
+                patterns.append(value)
+            else:
+                anchored = value if value.startswith("^") else "^" + value
+                patterns.append(anchored if anchored.endswith("$") else anchored + "$")
+        if p.grammar_triggers and not patterns and not tokens:
+            raise ValueError("no triggers set for lazy grammar!")
+        return GrammarSampler.lazy(self.vocab, text, "root", patterns, tokens)
 
     def _logit_biases(self) -> list[tuple[int, float]]:
         p = self.params
@@ -461,6 +548,9 @@ class CommonSampler:
         return c, int(c.ids[c.selected])
 
     def _grammar_allows(self, token: int) -> bool:
+        allows = getattr(self.grammar, "allows", None)
+        if allows is not None:
+            return allows(token)
         single = Candidates(np.array([token], dtype=np.int32), np.ones(1, dtype=np.float32))
         self.grammar.apply(single)
         return bool(np.isfinite(single.logits[0]))
