@@ -31,6 +31,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_SEED", "DRY", "XTC", "AdaptiveP", "Candidates", "Chain", "CommonSampler", "Dist",
-    "DynamicTemperature", "Greedy", "GrammarError", "GrammarSampler", "Infill", "LogitBias", "MinP", "Mirostat", "MirostatV2", "Penalties",
-    "Sampler", "SamplingParams", "Temperature", "TopK", "TopNSigma", "TopP", "Typical", "Vocab",
+    "DynamicTemperature", "GrammarError", "GrammarSampler", "Greedy", "Infill", "LogitBias", "MinP", "Mirostat",
+    "MirostatV2", "Penalties", "Sampler", "SamplingParams", "Temperature", "TopK", "TopNSigma", "TopP", "Typical",
+    "Vocab",
 ]

@@ -156,6 +156,8 @@ class Vocab:
         vocabulary asks for them; ``parse_special`` matches control tokens written in the text."""
         if self.tokenizer is not None:
             ids = self.tokenizer.encode(text, parse_special=parse_special)
+        elif parse_special and self.special:
+            ids = self._tokenize_with_special(text)
         else:
             ids = self.tokenize_bytes(text.encode("utf-8"))
         if add_special and self.add_bos and self.bos is not None:
@@ -163,6 +165,22 @@ class Vocab:
         if add_special and self.add_eos and self.eos is not None:
             ids.append(self.eos)
         return ids
+
+    def _tokenize_with_special(self, text: str) -> list[int]:
+        """Fallback tokenization where special tokens written in the text are matched whole (longest first)."""
+        specials = sorted(((self._tokens[t], t) for t in self.special if self._tokens[t]), key=lambda x: -len(x[0]))
+        data = text.encode("utf-8")
+        out: list[int] = []
+        start = pos = 0
+        while pos < len(data):
+            hit = next(((b, t) for b, t in specials if data.startswith(b, pos)), None)
+            if hit is None:
+                pos += 1
+                continue
+            out += self.tokenize_bytes(data[start:pos])
+            out.append(hit[1])
+            pos = start = pos + len(hit[0])
+        return out + self.tokenize_bytes(data[start:])
 
     def detokenize(self, ids: Iterable[int]) -> str:
         return b"".join(self.piece(int(t)) for t in ids).decode("utf-8", errors="replace")

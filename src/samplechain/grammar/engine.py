@@ -303,21 +303,28 @@ class Grammar:
         if nxt is not False:
             return nxt
         cps, partial = decode(piece, state.partial)
-        out: list[Stack] = []
-        if partial != INVALID and (cps or partial[1] > 0):
-            types = self.types
-            for s in state.stacks:
-                if not s:
-                    continue
-                if types[s[-1]] in _TOKENS:
-                    found = self.after_token(s) if self.token_matches(s[-1], token) else ()
-                else:
-                    found = self.feed_code_points((s,), cps)
-                for t in found:
-                    if t not in out:
-                        out.append(t)
+        by_text: list[Stack] = []
+        by_id: list[Stack] = []
+        types = self.types
+        text_ok = partial != INVALID and (cps or partial[1] > 0)
+        for s in state.stacks:
+            if not s:
+                continue
+            if types[s[-1]] in _TOKENS:  # a token element looks at the id only, never at the text
+                found, out = (self.after_token(s) if self.token_matches(s[-1], token) else ()), by_id
+            elif text_ok:
+                found, out = self.feed_code_points((s,), cps), by_text
+            else:
+                continue
+            for t in found:
+                if t not in out:
+                    out.append(t)
+        if by_text:
+            out = by_text + [t for t in by_id if t not in by_text]
             if partial[1] > 0:
                 out = [s for s in out if s and types[s[-1]] in _CHARSET and self.charsets[s[-1]].can_complete(partial)]
+        else:
+            out, partial = by_id, NO_PARTIAL
         nxt = self.state(out, partial) if out else None
         if len(state.next) < 65536:
             state.next[key] = nxt
@@ -518,8 +525,10 @@ class TokenTable:
         self.pieces = pieces
         self.n = n
         self.eog = np.array(sorted(eog_set), dtype=np.int64)
-        self.usable = usable
+        self.usable = usable  # text a character set can consume: non-empty, valid UTF-8 (partial at the end)
         self.usable_ids = np.flatnonzero(usable)
+        self.by_id = np.ones(n, dtype=bool)  # what a token element can match: any id but end-of-generation
+        self.by_id[self.eog] = False
         self.flat = np.array([*flat, 0], dtype=np.int64)
         self.lut_size = int(self.flat.max()) + 1  # lookup tables cover every code point the vocabulary has
         self.offsets = offsets
@@ -633,12 +642,12 @@ class MaskEngine:
             top = s[-1]
             if types[top] == TOKEN:
                 v = g.values[top]
-                if v < tt.n and tt.usable[v]:
+                if v < tt.n and tt.by_id[v]:
                     allowed[v] = True
             elif types[top] == TOKEN_NOT:  # every token but one; other stacks may still allow that one
                 v = g.values[top]
                 keep = bool(allowed[v]) if v < tt.n else False
-                allowed |= tt.usable
+                allowed |= tt.by_id
                 if v < tt.n:
                     allowed[v] = keep
         for s in state.stacks:

@@ -238,9 +238,9 @@ class _Parser:
                 pos = self.token(pos, out)
                 pos = self.space(pos, nested)
             elif c in "*+?":
-                pos = self.space(pos + 1, nested)
                 lo, hi = {"*": (0, -1), "+": (1, -1), "?": (0, 1)}[c]
                 weight = self.repeat(pos, name, out, last_start, weight, lo, hi, c)
+                pos = self.space(pos + 1, nested)
             elif c == "{":
                 at = pos
                 pos = self.space(pos + 1, nested)
@@ -301,7 +301,10 @@ class _Parser:
         text = self.src[pos : close + 1]
         if self.tokenize is None:
             raise self.error("no vocab to parse token", pos)
-        ids = self.tokenize(text)
+        try:
+            ids = self.tokenize(text)
+        except ValueError:
+            ids = []
         if len(ids) != 1:
             raise self.error(f"invalid token '{text}'", pos)
         out.append((kind, ids[0]))
