@@ -306,7 +306,7 @@ class Grammar:
         by_text: list[Stack] = []
         by_id: list[Stack] = []
         types = self.types
-        text_ok = partial != INVALID and (cps or partial[1] > 0)
+        text_ok = partial != INVALID and piece[:1] not in (b"", b"\0") and (cps or partial[1] > 0)
         for s in state.stacks:
             if not s:
                 continue
