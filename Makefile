@@ -30,6 +30,7 @@ bench: setup
 	$(PY) -m benchmarks.check_llama
 	$(PY) -m benchmarks.bench_chain
 	$(PY) -m benchmarks.bench_generate
+	$(PY) -m benchmarks.bench_grammar
 
 lint: setup
 	$(PY) -m ruff check src tests benchmarks

@@ -168,6 +168,15 @@ def params_from_args(args: argparse.Namespace) -> SamplingParams:
     )
 
 
+def _check_constraint(params: SamplingParams) -> None:
+    """Refuse a bad grammar or schema before the model loads (token items are resolved later, with the model)."""
+    from samplechain.grammar import Grammar, json_schema_to_gbnf, parse_gbnf
+
+    text = json_schema_to_gbnf(params.json_schema) if params.json_schema is not None else params.grammar
+    if text.strip():
+        Grammar(parse_gbnf(text, tokenize=lambda _: [0]))
+
+
 def generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.prompt is not None and args.file is not None:
         parser.error("use one of -p/--prompt and -f/--file")
@@ -185,6 +194,7 @@ def generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"argument -n/--n-predict: must be -1 or more, got {args.n_predict}")
     try:
         params = params_from_args(args)
+        _check_constraint(params)
     except ValueError as e:
         parser.error(str(e))
 

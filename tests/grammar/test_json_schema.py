@@ -4,9 +4,9 @@ import json
 import warnings
 
 import pytest
+from tests.grammar.conftest import CASES, normalise
 
 from samplechain.grammar import Grammar, GrammarError, json_schema_to_gbnf
-from tests.grammar.conftest import CASES, normalise
 
 
 def convert(schema):

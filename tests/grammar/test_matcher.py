@@ -1,10 +1,10 @@
 """The matcher (spec/grammar §3): llama.cpp's integration cases, initial stacks, rejects, partial UTF-8, tokens."""
 
 import pytest
+from tests.grammar.conftest import CASES, feed
 
 from samplechain.grammar import Grammar, json_schema_to_gbnf
 from samplechain.grammar.parser import TYPE_NAMES, ParsedGrammar
-from tests.grammar.conftest import CASES, feed
 
 
 def _integration_grammar(case):

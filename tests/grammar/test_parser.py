@@ -1,10 +1,10 @@
 """GBNF parsing (spec/grammar §1-2) and grammar construction checks (§3.7), with the hazards as errors."""
 
 import pytest
+from tests.grammar.conftest import CASES
 
 from samplechain.grammar import Grammar, GrammarError, parse_gbnf
 from samplechain.grammar.parser import TYPE_NAMES
-from tests.grammar.conftest import CASES
 
 
 def table(parsed):
