@@ -400,7 +400,7 @@ def _check_left_recursion(parsed: ParsedGrammar) -> None:
     may_be_empty = [any(not a for a in alts[i]) for i in range(n)]
     visited, in_progress = [False] * n, [False] * n
 
-    def llama_detect(i: int) -> bool:
+    def llama_detect(i: int) -> int | None:
         stack = [(i, 0, 0)]  # iterative DFS over (rule, alternative, element)
         in_progress[i] = True
         while stack:
@@ -416,16 +416,16 @@ def _check_left_recursion(parsed: ParsedGrammar) -> None:
             child = alt[e][1]
             resume = (r, a, e + 1) if may_be_empty[child] else (r, a + 1, 0)
             if in_progress[child]:
-                return True
+                return child
             stack.append(resume)
             if not visited[child]:
                 in_progress[child] = True
                 stack.append((child, 0, 0))
-        return False
+        return None
 
     for i in range(n):
-        if not visited[i] and llama_detect(i):
-            raise GrammarError(f"left recursion detected in rule '{parsed.name_of(i)}'")
+        if not visited[i] and (hit := llama_detect(i)) is not None:
+            raise GrammarError(f"left recursion detected in rule '{parsed.name_of(hit)}'")
     # full nullable fixpoint, then left edges labelled "grows" when a continuation stays on the stack
     nullable = [False] * n
     changed = True

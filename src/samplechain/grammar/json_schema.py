@@ -657,6 +657,16 @@ class _PatternTranslator:
             raise GrammarError(f"JSON schema conversion failed: quantifier '{c}' with nothing before it in "
                                f"pattern /{self.p}/")
 
+    def hex_escape(self) -> str:
+        """``\\xHH``, ``\\uHHHH`` or ``\\UHHHHHHHH`` at the cursor, kept as written (GBNF reads them too)."""
+        e = self.p[self.i + 1]
+        width = {"x": 2, "u": 4, "U": 8}[e]
+        digits = self.p[self.i + 2 : self.i + 2 + width]
+        if len(digits) < width or any(d not in "0123456789abcdefABCDEF" for d in digits):
+            raise _Unsupported(f"escape \\{e} without {width} hex digits")
+        self.i += 2 + width
+        return "\\" + e + digits
+
     def char_class(self) -> str:
         p, n = self.p, len(self.p)
         out = "["
@@ -667,12 +677,7 @@ class _PatternTranslator:
                     break
                 e = p[self.i + 1]
                 if e in "xuU":
-                    width = {"x": 2, "u": 4, "U": 8}[e]
-                    digits = p[self.i + 2 : self.i + 2 + width]
-                    if len(digits) < width or any(d not in "0123456789abcdefABCDEF" for d in digits):
-                        raise _Unsupported(f"escape \\{e} without {width} hex digits")
-                    out += p[self.i : self.i + 2 + width]
-                    self.i += 2 + width
+                    out += self.hex_escape()
                     continue
                 if e not in _GBNF_ESCAPES:
                     raise _Unsupported(f"escape \\{e} inside a character class")
@@ -728,12 +733,7 @@ class _PatternTranslator:
                     out += p[self.i : self.i + 2]
                     self.i += 2
                 elif e in "xuU":
-                    width = {"x": 2, "u": 4, "U": 8}[e]
-                    digits = p[self.i + 2 : self.i + 2 + width]
-                    if len(digits) < width or any(d not in "0123456789abcdefABCDEF" for d in digits):
-                        raise _Unsupported(f"escape \\{e} without {width} hex digits")
-                    out += p[self.i : self.i + 2 + width]
-                    self.i += 2 + width
+                    out += self.hex_escape()
                 else:
                     raise _Unsupported(f"escape \\{e}")
             elif c == '"':
