@@ -517,9 +517,7 @@ class _Converter:
                 elif child.get(None):
                     out.append(f" {char}+")
             if children:
-                if children:
-                    out.append(" | ")
-                out.append('[^"' + "".join(_class_char(c) for c in children) + f"] {char}*")
+                out.append(' | [^"' + "".join(_class_char(c) for c in children) + f"] {char}*")
 
         walk(trie)
         out.append(" )")

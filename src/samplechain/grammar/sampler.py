@@ -167,7 +167,7 @@ class GrammarSampler(Sampler):
             self._await(token)
             return
         if self.vocab.is_eog(token):
-            if not self.state.accepting and () not in self.state.stacks:
+            if () not in self.state.stacks:
                 raise GrammarError(f"end-of-generation token {token} while the grammar is incomplete")
             return
         self.state = self._feed(self.state, token, self.vocab.token_bytes(token))
