@@ -194,12 +194,18 @@ class Grammar:
         out: list[Stack] = []
         pos = self.rule_start[self.root_id]
         while True:
-            self._advance_into((pos,) if not self._end(pos) else (), out)
+            for s in self.advance((pos,) if not self._end(pos) else ()):
+                if s not in out:
+                    out.append(s)
             while not self._end(pos):
                 pos += 1
             if self.types[pos] != ALT:
                 return tuple(out)
             pos += 1
+
+    def _then(self, stack: Stack, nxt: int) -> Stack:
+        """``stack`` with its top replaced by position ``nxt``, or popped when ``nxt`` ends the alternative."""
+        return stack[:-1] if self._end(nxt) else (*stack[:-1], nxt)
 
     # --- stacks -------------------------------------------------------------------------------------------
 
@@ -207,36 +213,28 @@ class Grammar:
         """Every terminal-topped (or empty) stack reachable from ``stack`` without input (spec §3.2)."""
         done = self._advance.get(stack)
         if done is None:
-            out: list[Stack] = []
-            self._advance_into(stack, out, cache=False)
-            done = self._advance[stack] = tuple(out)
+            done = self._advance[stack] = self._expand(stack)
         return done
 
-    def _advance_into(self, stack: Stack, out: list[Stack], cache: bool = True) -> None:
-        if cache:
-            for s in self.advance(stack):
-                if s not in out:
-                    out.append(s)
-            return
+    def _expand(self, stack: Stack) -> tuple[Stack, ...]:
+        """llama.cpp's advance_stack: a LIFO work list, alternatives in definition order, results in pop order."""
         types, values, rule_start = self.types, self.values, self.rule_start
+        out: list[Stack] = []
         todo = [stack]
         seen: set[Stack] = set()
-        found: set[Stack] = set(out)
         while todo:
             s = todo.pop()
             if s in seen:
                 continue
             seen.add(s)
             if not s or types[s[-1]] != RULE_REF:
-                if s not in found:
-                    found.add(s)
-                    out.append(s)
-                    if len(out) > MAX_STACKS:
-                        raise GrammarError(f"the grammar has more than {MAX_STACKS} simultaneous parses here; "
-                                           "rewrite ambiguous repetitions (e.g. x? x? x? as x{0,3})")
+                out.append(s)  # seen already keeps duplicates out
+                if len(out) > MAX_STACKS:
+                    raise GrammarError(f"the grammar has more than {MAX_STACKS} simultaneous parses here; "
+                                       "rewrite ambiguous repetitions (e.g. x? x? x? as x{0,3})")
                 continue
             pos = s[-1]
-            base = s[:-1] if self._end(pos + 1) else (*s[:-1], pos + 1)
+            base = self._then(s, pos + 1)
             sub = rule_start[values[pos]]
             while True:
                 todo.append(base if self._end(sub) else (*base, sub))
@@ -245,19 +243,18 @@ class Grammar:
                 if types[sub] != ALT:
                     break
                 sub += 1
+        return tuple(out)
 
     def step(self, stack: Stack) -> tuple[Stack, ...]:
         """The stacks after the character set on top of ``stack`` matched one code point."""
         done = self._step.get(stack)
         if done is None:
-            nxt = self.charsets[stack[-1]].next
-            done = self._step[stack] = self.advance(stack[:-1] if self._end(nxt) else (*stack[:-1], nxt))
+            done = self._step[stack] = self.advance(self._then(stack, self.charsets[stack[-1]].next))
         return done
 
     def after_token(self, stack: Stack) -> tuple[Stack, ...]:
         """The stacks after the token element on top of ``stack`` matched."""
-        nxt = stack[-1] + 1
-        return self.advance(stack[:-1] if self._end(nxt) else (*stack[:-1], nxt))
+        return self.advance(self._then(stack, stack[-1] + 1))
 
     def token_matches(self, pos: int, token: int) -> bool:
         return (self.values[pos] == token) == (self.types[pos] == TOKEN)
@@ -560,6 +557,14 @@ class TokenTable:
         return table
 
 
+def _top_bits(live: list[Stack]) -> dict[int, int]:
+    """A bit per distinct top position of ``live`` (stacks with the same top match the same code points)."""
+    bits: dict[int, int] = {}
+    for s in live:
+        bits.setdefault(s[-1], len(bits))
+    return bits
+
+
 class _Local:
     """The walk of one stack suffix over a token set: tokens it decides alone, and those that pop out."""
 
@@ -747,9 +752,7 @@ class MaskEngine:
                     continue
                 cps = flat[pos]
                 cols = cols + 1
-                tops: dict[int, int] = {}
-                for s in live:
-                    tops.setdefault(s[-1], len(tops))
+                tops = _top_bits(live)
                 if len(tops) == 1:
                     hit = self._lut(live[0][-1])[cps]
                     self._emit(nxt, key, live, 1, ids[hit], cols[hit])
@@ -804,9 +807,7 @@ class MaskEngine:
             return self._loops[key]
         g, tt = self.grammar, self.table
         live = [s for s in cfg if s and g.types[s[-1]] in _CHARSET]
-        tops: dict[int, int] = {}
-        for s in live:
-            tops.setdefault(s[-1], len(tops))
+        tops = _top_bits(live)
         leave = None
         # a loop needs some top whose own successors are this very set (cheap test before any big array)
         if 0 < len(tops) <= 16 and any(
