@@ -3,13 +3,39 @@
 from __future__ import annotations
 
 import copy
-from typing import ClassVar
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, ClassVar
 
 from samplechain.candidates import Candidates
+
+if TYPE_CHECKING:  # the device layer sits above the samplers; torch is never imported here
+    from samplechain.device.rows import Rows
 
 FILTER = "filter"  # removes or masks candidates; cannot change the argmax among survivors
 TRANSFORM = "transform"  # reshapes the distribution
 SELECTOR = "selector"  # picks a token
+
+
+# Device rows up to this width replay llama.cpp's sequential binary32 sums exactly, column by column.
+DEVICE_SMALL_WIDTH = 128
+
+
+@dataclass(frozen=True)
+class DeviceShape:
+    """What a device prefix knows statically about its rows before a sampler runs.
+
+    ``width``: the row width if a sampler fixed it (top-k), None for the full vocabulary; ``identity``: ids are
+    the positions; ``sorted``: the candidates are in llama.cpp's sorted order; ``selected``: a token is chosen.
+    """
+
+    width: int | None = None
+    identity: bool = True
+    sorted: bool = False
+    selected: bool = False
+
+    def but(self, **changes: object) -> DeviceShape:
+        return replace(self, **changes)
 
 
 class Sampler:
@@ -28,6 +54,28 @@ class Sampler:
 
     def accept(self, token: int) -> None:
         """``token`` became part of the sequence."""
+
+    # --- device form (samplechain.device): the same semantics on a batch of rows of torch tensors ------------
+
+    def device_plan(self, shape: DeviceShape) -> DeviceShape | None:
+        """The shape after this sampler runs on the device, or None if it has no device form for ``shape``.
+
+        A sampler with a device form overrides this and :meth:`device_apply`; a disabled one is a no-op anywhere.
+        """
+        return shape if self.disabled else None
+
+    def device_key(self) -> tuple:
+        """Static choices of the device form; rows batch together only when every key of their prefix agrees."""
+        return ()
+
+    def device_apply(self, rows: Rows, members: Sequence[Sampler]) -> None:
+        """Apply the device form to ``rows``; ``members[i]`` is this position's sampler of row i (same type)."""
+        raise NotImplementedError
+
+    def device_input(self) -> object:
+        """This step's host-side input of the device form (a uniform from the sampler's own generator, a
+        history table), computed before the step and uploaded with it. Only samplers that need one define it."""
+        raise NotImplementedError
 
     def reset(self) -> None:
         """Back to the just-constructed state (samplers with a random seed draw a new one)."""

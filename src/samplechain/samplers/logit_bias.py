@@ -9,8 +9,8 @@ import numpy as np
 from samplechain._numeric import F32
 from samplechain.candidates import Candidates
 from samplechain.samplers._ops import check_int, check_number
-from samplechain.samplers.base import Sampler
-from samplechain.samplers.penalties import positions_of
+from samplechain.samplers.base import DeviceShape, Sampler
+from samplechain.samplers.penalties import device_scatter_add, positions_of
 
 
 def normalize_biases(
@@ -61,3 +61,18 @@ class LogitBias(Sampler):
             c.set_logits(x)
             # llama.cpp keeps the sorted flag although the order may have changed (spec P2).
             c.sorted = False
+
+    def device_plan(self, shape: DeviceShape) -> DeviceShape | None:
+        if self.disabled:
+            return shape
+        # on the full vocabulary only (llama.cpp's device form assumed it; common puts the bias first)
+        return shape.but(sorted=False) if shape.identity and not shape.selected else None
+
+    def device_apply(self, rows, members) -> None:
+        for m in members:
+            if m.n_vocab is None and len(m._tokens) and m._tokens.max() >= rows.n_vocab:
+                raise ValueError(f"logit bias token {int(m._tokens.max())} is outside the vocabulary "
+                                 f"[0, {rows.n_vocab})")
+        device_scatter_add(rows, [m._tokens for m in members], [m._values for m in members],
+                           lambda x, bias: x + bias)
+        rows.sorted = False

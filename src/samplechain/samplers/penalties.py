@@ -9,7 +9,36 @@ import numpy as np
 from samplechain._numeric import F32
 from samplechain.candidates import Candidates
 from samplechain.samplers._ops import check_int, check_number
-from samplechain.samplers.base import Sampler
+from samplechain.samplers.base import DeviceShape, Sampler
+
+
+def device_scatter_add(rows, tokens: list[np.ndarray], values: list[np.ndarray], fn) -> None:
+    """``logits[id] = fn(logits[id], value)`` for each row's (token, value) pairs, unique tokens per row.
+
+    Identity rows gather and scatter the few entries; reordered rows look each candidate's value up in a
+    vocabulary-wide table. Tokens outside the rows' vocabulary are ignored.
+    """
+    import torch
+
+    v = rows.n_vocab
+    width = max(1, max(len(t) for t in tokens))
+    tok = np.full((rows.batch, width), v, dtype=np.int64)  # padding points at a spare column
+    val = np.zeros((rows.batch, width), dtype=F32)
+    for i, (t, x) in enumerate(zip(tokens, values)):
+        inside = t < v
+        tok[i, : inside.sum()] = t[inside]
+        val[i, : inside.sum()] = x[inside]
+    tok_t = torch.from_numpy(tok).to(rows.device)
+    val_t = torch.from_numpy(val).to(rows.device)
+    if rows.identity:
+        wide = torch.cat((rows.logits, rows.logits.new_zeros(rows.batch, 1)), 1)
+        wide.scatter_(1, tok_t, fn(wide.gather(1, tok_t), val_t))
+        rows.set_logits(wide[:, :v])
+    else:
+        table = rows.logits.new_zeros(rows.batch, v + 1).scatter_(1, tok_t, val_t)
+        hit = rows.logits.new_zeros(rows.batch, v + 1, dtype=torch.bool).scatter_(1, tok_t, True)
+        ids = rows.ids
+        rows.set_logits(torch.where(hit.gather(1, ids), fn(rows.logits, table.gather(1, ids)), rows.logits))
 
 
 def positions_of(c: Candidates, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -82,3 +111,28 @@ class Penalties(Sampler):
                 x[pos] = v
                 c.set_logits(x)
         c.sorted = False
+
+    def device_plan(self, shape: DeviceShape) -> DeviceShape | None:
+        if self.disabled:
+            return shape
+        return None if shape.selected else shape.but(sorted=False)
+
+    def device_input(self) -> tuple[np.ndarray, np.ndarray]:
+        """The history's (token, count) table, uploaded with the step."""
+        tokens = np.fromiter(self._counts.keys(), dtype=np.int64, count=len(self._counts))
+        return tokens, np.fromiter(self._counts.values(), dtype=F32, count=len(self._counts))
+
+    def device_apply(self, rows, members) -> None:
+        import torch
+
+        repeat = rows.param(members, "repeat")
+        freq = rows.param(members, "freq")
+        present = rows.param(members, "present")
+
+        def penalize(x, cnt):
+            x = torch.where(x <= 0.0, x * repeat, x / repeat)
+            return x - (cnt * freq + (cnt > 0.0).to(x.dtype) * present)
+
+        inputs = rows.step_input()
+        device_scatter_add(rows, [t for t, _ in inputs], [c for _, c in inputs], penalize)
+        rows.sorted = False

@@ -7,7 +7,15 @@ import numpy as np
 from samplechain._numeric import F32, F64, expf_rel, running_sum_f64
 from samplechain.candidates import Candidates
 from samplechain.rng import DEFAULT_SEED, LlamaRng, check_seed, resolve_seed
-from samplechain.samplers.base import SELECTOR, Sampler
+from samplechain.samplers.base import SELECTOR, DeviceShape, Sampler
+
+# A device draw whose target lies this close (relative to the total mass) to a cumulative boundary is redone on
+# the CPU: the device's binary32 exponentials may differ from expf by an ulp or two.
+_DRAW_MARGIN = 1e-6
+
+
+def _select_plan(shape: DeviceShape) -> DeviceShape | None:
+    return None if shape.selected else shape.but(selected=True)
 
 
 class Greedy(Sampler):
@@ -18,6 +26,14 @@ class Greedy(Sampler):
 
     def apply(self, c: Candidates) -> None:
         c.selected = int(c.logits.argmax()) if len(c) else -1
+
+    def device_plan(self, shape: DeviceShape) -> DeviceShape | None:
+        return _select_plan(shape)
+
+    def device_apply(self, rows, members) -> None:
+        # the first largest live logit, as a position mapped through the candidates (llama.cpp's device greedy
+        # returns the position itself, wrong after any reordering sampler)
+        rows.select(rows.first_max())
 
 
 class SeededSampler(Sampler):
@@ -73,3 +89,27 @@ class Dist(SeededSampler):
         i = int(run.searchsorted(target, side="left" if target > 0.0 else "right"))
         c.set_probs(lambda: np.true_divide(e, total, dtype=F64).astype(F32))
         c.selected = min(i, n - 1)
+
+    def device_plan(self, shape: DeviceShape) -> DeviceShape | None:
+        return _select_plan(shape)
+
+    def device_input(self) -> float:
+        return self.rng.uniform_double()  # the draw apply() would make, from this row's own generator
+
+    def device_apply(self, rows, members) -> None:
+        import torch
+
+        u = torch.tensor(rows.step_input(), dtype=torch.float64, device=rows.device)[:, None]
+        m = rows.row_max()
+        run = rows.exp_rel_fast(m).to(torch.float64).cumsum(1)
+        total = run[:, -1:]
+        target = total * u
+        i = torch.where(target > 0.0, (run < target).sum(1, keepdim=True), (run <= 0.0).sum(1, keepdim=True))
+        i = i.clamp(max=rows.width - 1)
+        hit = run.gather(1, i)
+        prev = torch.where(i > 0, run.gather(1, (i - 1).clamp(min=0)), 0.0)
+        margin = total * _DRAW_MARGIN
+        single = rows.count() == 1
+        unsure = (hit - target <= margin) | (target - prev <= margin) | (m == float("-inf")) | (u == 0.0)
+        rows.flag(unsure & ~single)
+        rows.select(torch.where(single[:, 0], rows.first_max(), i[:, 0]))

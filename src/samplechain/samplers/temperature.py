@@ -7,7 +7,7 @@ import numpy as np
 from samplechain._numeric import F32, F64, NEG_INF, logf, logf_array, powf, seq_sum_f32
 from samplechain.candidates import Candidates
 from samplechain.samplers._ops import check_number, softmax
-from samplechain.samplers.base import Sampler
+from samplechain.samplers.base import DEVICE_SMALL_WIDTH, DeviceShape, Sampler
 
 _FLT_MAX = float(np.finfo(F32).max)
 
@@ -39,6 +39,17 @@ def scale(c: Candidates, t: np.float32) -> None:
     c.set_logits(masked)
 
 
+def device_scale(rows, t) -> None:
+    """:func:`scale` on device rows with per-row temperatures ``t`` ([B, 1] binary32)."""
+    import torch
+
+    x = rows.logits
+    magnitude = torch.where(x > float("-inf"), x.abs(), 0.0).amax(1, keepdim=True)
+    divide = (t > 0.0) & ((t >= 1.0) | (magnitude.to(torch.float64) <= _FLT_MAX * t.to(torch.float64)))
+    only_max = torch.where(rows.arange() == rows.first_max()[:, None], x, float("-inf"))
+    rows.set_logits(torch.where(divide, x / torch.where(divide, t, 1.0), only_max))
+
+
 class Temperature(Sampler):
     """Divides the logits by ``t``; ``t <= 0`` keeps only the first largest logit; ``t == 1`` is a no-op."""
 
@@ -54,6 +65,13 @@ class Temperature(Sampler):
     def apply(self, c: Candidates) -> None:
         if not self.disabled:
             scale(c, self.t)
+
+    def device_plan(self, shape: DeviceShape) -> DeviceShape | None:
+        return shape if not shape.selected or self.disabled else None
+
+    def device_apply(self, rows, members) -> None:
+        # t <= 0 keeps every candidate, all but the first maximum at -inf (llama.cpp's device form shrank the row)
+        device_scale(rows, rows.param(members, "t"))
 
 
 class DynamicTemperature(Sampler):
@@ -91,3 +109,42 @@ class DynamicTemperature(Sampler):
         q = np.exp(x.astype(F64) - F64(x[0]))
         total = np.cumsum(q)[-1]
         c.set_probs((q.astype(F32).astype(F64) / total).astype(F32))
+
+    def device_plan(self, shape: DeviceShape) -> DeviceShape | None:
+        if self.disabled:
+            return shape
+        if shape.selected:
+            return None
+        if self.delta <= 0.0:
+            return shape
+        if shape.width is None or shape.width > DEVICE_SMALL_WIDTH:
+            return None  # the entropy is a binary32 sum over the whole row: replayed exactly only on narrow rows
+        return shape.but(sorted=True)
+
+    def device_key(self) -> tuple:
+        return (self.delta > 0.0,)
+
+    def device_apply(self, rows, members) -> None:
+        import torch
+
+        from samplechain.device.rows import F32, F64, seq_sum_f32
+
+        t = rows.param(members, "t")
+        if self.delta <= 0.0:
+            device_scale(rows, t)
+            return
+        delta = rows.param(members, "delta")
+        exponent = rows.param(members, "exponent")
+        n = rows.count()
+        rows.sort()  # the softmax helper sorts; a single candidate stays as it is (its order is moot)
+        e = rows.exp_rel(rows.logits[:, :1])
+        probs = e / seq_sum_f32(e)
+        terms = torch.where(probs > 0.0, probs * torch.log(probs.to(F64)).to(F32), 0.0)
+        entropy = -seq_sum_f32(terms)
+        max_entropy = -torch.log((1.0 / n.to(F32)).to(F64)).to(F32)
+        ratio = torch.pow((entropy / max_entropy).to(F64), exponent.to(F64)).to(F32)
+        lo = (t - delta).clamp(min=0.0)
+        dyn = lo + ((t + delta) - lo) * ratio
+        before = rows.logits
+        device_scale(rows, torch.where(n > 1, dyn, 1.0))
+        rows.set_logits(torch.where(n > 1, rows.logits, before))

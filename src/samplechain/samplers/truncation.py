@@ -17,7 +17,7 @@ from samplechain._numeric import (
 from samplechain.candidates import Candidates
 from samplechain.rng import DEFAULT_SEED
 from samplechain.samplers._ops import _SMALL, apply_top_k, check_int, check_number, indices_at_least, softmax
-from samplechain.samplers.base import FILTER, Sampler
+from samplechain.samplers.base import DEVICE_SMALL_WIDTH, FILTER, DeviceShape, Sampler
 from samplechain.samplers.selectors import SeededSampler
 
 
@@ -38,6 +38,35 @@ class TopK(Sampler):
         if not self.disabled and len(c):
             apply_top_k(c, self.k)
 
+    def device_plan(self, shape: DeviceShape) -> DeviceShape | None:
+        if self.disabled:
+            return shape
+        if shape.selected:
+            return None
+        width = self.k if shape.width is None else min(self.k, shape.width)
+        return shape.but(width=width, identity=False, sorted=True)
+
+    def device_apply(self, rows, members) -> None:
+        import torch
+
+        from samplechain.device.rows import NEG_INF, top_sorted
+
+        k = rows.param(members, "k", torch.int64).clamp(max=rows.width)
+        width = min(max(m.k for m in members), rows.width)
+        if rows.sorted:
+            rows.keep_first(k)
+            rows.gather(rows.arange(width).expand(rows.batch, -1))
+            return
+        v, pos = top_sorted(rows, width)
+        kth = v.gather(1, k - 1)
+        if v.shape[1] > width:  # equal values across the cut: which of them survive is llama.cpp's tie order
+            rows.flag((v.gather(1, k.clamp(max=v.shape[1] - 1)) == kth) & (k < rows.width) & (kth > NEG_INF))
+        finite = ((v[:, :width] > NEG_INF) & (rows.arange(width) < k)).sum(1, keepdim=True)
+        rows.flag((kth == NEG_INF) & (finite < rows.count()))  # live -inf entries reach the cut
+        rows.gather(pos[:, :width])
+        rows.keep_first(k)
+        rows.sorted = True
+
 
 def _nucleus_size(p_desc: np.ndarray, p: np.float32, min_keep: int) -> int:
     """Smallest prefix whose binary32 running sum reaches ``p`` with at least ``min_keep`` entries; 0 if none."""
@@ -46,6 +75,10 @@ def _nucleus_size(p_desc: np.ndarray, p: np.float32, min_keep: int) -> int:
         return 0
     i = max(int(run.searchsorted(p, side="left")), min_keep - 1)
     return i + 1 if i < len(run) else 0
+
+
+# Wide rows: top-p keeps at most this many candidates on the device.
+_DEVICE_NUCLEUS_CAP = 128
 
 
 class _ProbabilityFilter(Sampler):
@@ -113,6 +146,48 @@ class TopP(_ProbabilityFilter):
         c.replace(c.ids[idx[:keep]], x[idx[:keep]], p_desc[:keep], sorted=True)
         return True
 
+    def device_plan(self, shape: DeviceShape) -> DeviceShape | None:
+        if self.disabled:
+            return shape
+        if shape.selected:
+            return None
+        if shape.sorted or (shape.width is not None and shape.width <= DEVICE_SMALL_WIDTH):
+            return shape.but(sorted=True)
+        return shape.but(width=_DEVICE_NUCLEUS_CAP, identity=False, sorted=True)
+
+    def device_apply(self, rows, members) -> None:
+        """The nucleus: on narrow rows from llama.cpp's exact binary32 softmax; wide unsorted rows keep their top
+        128 candidates (larger nuclei are redone on the CPU) and bound the binary32 sum instead of replaying it."""
+        import torch
+
+        from samplechain.device.rows import F64, ULP32, near, seq_sum_f32, top_sorted
+
+        p = rows.param(members, "p").to(F64)
+        min_keep = rows.param(members, "min_keep", torch.int64)
+        n = rows.count()
+        m = rows.row_max()
+        if rows.width <= DEVICE_SMALL_WIDTH:
+            total = seq_sum_f32(rows.exp_rel(m))  # in the incoming order (spec §3.4), then sorted
+            rows.sort()
+            probs = (rows.exp_rel(m) / total).to(F64)
+            slack = torch.zeros_like(p)
+        else:
+            e = rows.exp_rel(m).to(F64)
+            total = e.sum(1, keepdim=True)
+            # |binary32 left-to-right sum - exact sum| <= sum_j min(e_j, half an ulp of the running sum)
+            slack = (torch.minimum(e, total * (ULP32 * 1.001)).sum(1, keepdim=True) + 4 * ULP32 * total) / total
+            if not rows.sorted:
+                cap = min(_DEVICE_NUCLEUS_CAP, rows.width)
+                rows.gather(top_sorted(rows, cap)[1][:, :cap])
+                rows.sorted = True
+                n = n.clamp(max=cap)
+            probs = rows.exp_rel(m).to(F64) / total
+            rows.flag(probs.sum(1, keepdim=True) < p * (1 + slack) + 1e-12)  # the nucleus may pass the cut
+        run = probs.cumsum(1)
+        i = torch.maximum((run < p).sum(1, keepdim=True), min_keep - 1)
+        rows.flag(near(run, p, p * (slack + (rows.width + 4) * ULP32)))
+        rows.keep_first(torch.where(i < n, i + 1, n))
+
 
 _SIGNIFICANT = F32(-17.5)  # e^-17.5 < 2^-25: below half an ulp of any binary32 sum that holds a value >= 1
 
@@ -173,6 +248,29 @@ class MinP(_ProbabilityFilter):
         # sorted descending: the entries >= thr are a prefix; the first entry is always kept
         n_keep = max(int(np.count_nonzero(x >= x[0] + self._log_p)), 1)
         c.truncate(max(n_keep, min(self.min_keep, len(x))))
+
+    def device_plan(self, shape: DeviceShape) -> DeviceShape | None:
+        if self.disabled:
+            return shape
+        if shape.selected or not (shape.sorted or self.min_keep <= 1):
+            return None  # unsorted input with too few survivors is sorted on the CPU: data-dependent order
+        return shape
+
+    def device_key(self) -> tuple:
+        return (self.min_keep <= 1,)
+
+    def device_apply(self, rows, members) -> None:
+        import torch
+
+        log_p = rows.param(members, "_log_p")
+        if not rows.sorted:
+            # strictly below the threshold goes (llama.cpp's device form also dropped entries equal to it)
+            rows.remove(rows.logits < rows.row_max() + log_p)
+            return
+        n = rows.count()
+        above = (rows.logits >= rows.logits[:, :1] + log_p).sum(1, keepdim=True).clamp(min=1)
+        min_keep = rows.param(members, "min_keep", torch.int64)
+        rows.keep_first(torch.maximum(above, torch.minimum(min_keep, n)))
 
 
 class Typical(_ProbabilityFilter):
