@@ -42,10 +42,20 @@ def _mt_state(seed: int) -> tuple:
     return (3, (*tuple(int(w) for w in key), 624), None)
 
 
-class LlamaRng:
-    """A private ``std::mt19937`` with libstdc++'s ``uniform_real_distribution`` and ``discrete_distribution``."""
+# Words are generated a block at a time; this many already-read words stay readable again (rewind).
+_BLOCK = 624
+_HISTORY = 64
 
-    __slots__ = ("_mt",)
+
+class LlamaRng:
+    """A private ``std::mt19937`` with libstdc++'s ``uniform_real_distribution`` and ``discrete_distribution``.
+
+    The 32-bit words are generated a block at a time and read from a buffer, so :meth:`mark` and
+    :meth:`rewind` can take back the last few draws cheaply (the device sampler draws before it knows whether
+    a row will be redone on the CPU).
+    """
+
+    __slots__ = ("_base", "_buf", "_mt", "_pos")
 
     def __init__(self, seed: int) -> None:
         self._mt = random.Random()
@@ -53,19 +63,44 @@ class LlamaRng:
 
     def seed(self, seed: int) -> None:
         self._mt.setstate(_mt_state(seed & 0xFFFFFFFF))
+        self._buf: list[int] = []
+        self._pos = 0
+        self._base = 0  # how many words were read before _buf[0]
+
+    def _refill(self) -> None:
+        keep = min(self._pos, _HISTORY)
+        block = self._mt.getrandbits(32 * _BLOCK).to_bytes(4 * _BLOCK, "little")  # first word least significant
+        self._base += self._pos - keep
+        self._buf = self._buf[self._pos - keep : self._pos] + np.frombuffer(block, dtype="<u4").tolist()
+        self._pos = keep
 
     def next_u32(self) -> int:
-        return self._mt.getrandbits(32)
+        if self._pos >= len(self._buf):
+            self._refill()
+        w = self._buf[self._pos]
+        self._pos += 1
+        return w
+
+    def mark(self) -> int:
+        """The position in the word stream, for :meth:`rewind`."""
+        return self._base + self._pos
+
+    def rewind(self, mark: int) -> None:
+        """Return to ``mark`` (at most 64 words back across a block boundary); later draws repeat exactly."""
+        pos = mark - self._base
+        if not 0 <= pos <= len(self._buf):
+            raise ValueError("the generator cannot rewind that far")
+        self._pos = pos
 
     def uniform_double(self) -> float:
         """``uniform_real_distribution<double>(0, 1)``: two words, the first least significant, one rounding."""
-        # getrandbits(64) puts the first 32-bit word in the low half, exactly like generate_canonical.
-        u = float(self._mt.getrandbits(64)) / _TWO_POW_64
+        lo = self.next_u32()
+        u = float(lo | (self.next_u32() << 32)) / _TWO_POW_64
         return _ONE_BELOW_1_F64 if u >= 1.0 else u
 
     def uniform_float(self) -> np.float32:
         """``uniform_real_distribution<float>(0, 1)``: one word rounded to binary32, divided by 2**32."""
-        u = np.float32(self._mt.getrandbits(32)) / _TWO_POW_32_F32
+        u = np.float32(self.next_u32()) / _TWO_POW_32_F32
         return _ONE_BELOW_1_F32 if u >= 1.0 else u
 
     def discrete(self, probs: np.ndarray) -> int:
@@ -80,13 +115,15 @@ class LlamaRng:
         return int(np.searchsorted(cdf, self.uniform_double(), side="left"))
 
     def getstate(self) -> object:
-        return self._mt.getstate()
+        return self._mt.getstate(), list(self._buf), self._pos, self._base
 
     def setstate(self, state: object) -> None:
-        self._mt.setstate(state)
+        mt, buf, self._pos, self._base = state
+        self._mt.setstate(mt)
+        self._buf = list(buf)
 
     def clone(self) -> LlamaRng:
         other = LlamaRng.__new__(LlamaRng)
         other._mt = random.Random()
-        other._mt.setstate(self._mt.getstate())
+        other.setstate(self.getstate())
         return other

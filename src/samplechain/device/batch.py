@@ -22,7 +22,7 @@ import torch
 
 from samplechain.candidates import Candidates
 from samplechain.chain import Chain
-from samplechain.device.rows import Rows
+from samplechain.device.rows import Rows, column_max
 from samplechain.params import CommonSampler
 from samplechain.samplers.base import SELECTOR, DeviceShape, Sampler
 
@@ -147,7 +147,7 @@ class BatchSampler:
         nothing; the chains are then left exactly as they were.
         """
         x = self._check(logits)
-        saved = [[(s, s.rng.getstate()) for s in row.seeded] for row in self._rows]
+        saved = [[(s, s.rng.mark()) for s in row.seeded] for row in self._rows]
         try:
             tokens, accepted = self._step(x, saved)
         except BaseException:
@@ -178,18 +178,23 @@ class BatchSampler:
 
     def _step(self, x: torch.Tensor, saved: list) -> tuple[list[int], list[bool]]:
         pending: list[tuple[_Group, Rows]] = []
+        col_max, row_max = column_max(x)
         for g in self._groups:
             step = {}
             for slot, members in enumerate(g.members):
                 if _has_input(members[0]):
                     step[slot] = [s.device_input() for s in members]
-            rows = Rows(x if g.index is None else x.index_select(0, g.index), g.params, step)
+            if g.index is None:
+                rows = Rows(x, g.params, step, col_max)
+            else:
+                rows = Rows(x.index_select(0, g.index), g.params, step,
+                            None if col_max is None else col_max.index_select(0, g.index))
             for slot, members in enumerate(g.members):
                 rows.slot = slot
                 members[0].device_apply(rows, members)
             pending.append((g, rows))
         # one transfer: row maxima (NaN/+inf check), then per group the tokens or the reduced candidates
-        out: list[torch.Tensor | None] = [x.amax(1)]
+        out: list[torch.Tensor | None] = [row_max]
         for _, rows in pending:
             if rows.selected is not None:
                 out += [rows.positions_to_ids(rows.selected[:, None])[:, 0], rows.unsure]
@@ -260,5 +265,5 @@ class BatchSampler:
 
 
 def _restore(snapshot: list) -> None:
-    for s, state in snapshot:
-        s.rng.setstate(state)
+    for s, mark in snapshot:
+        s.rng.rewind(mark)

@@ -28,8 +28,10 @@ SMALL_WIDTH = DEVICE_SMALL_WIDTH
 class Rows:
     """A batch of candidate rows on one device (see the module docstring)."""
 
-    def __init__(self, logits: torch.Tensor, params: dict, step: dict) -> None:
+    def __init__(self, logits: torch.Tensor, params: dict, step: dict,
+                 col_max: torch.Tensor | None = None) -> None:
         self.logits = logits
+        self.col_max = col_max  # maxima of the columns of logits[:, :64*cols].view(B, 64, cols), while valid
         self.ids: torch.Tensor | None = None
         self.live: torch.Tensor | None = None
         self.sorted = False
@@ -114,10 +116,11 @@ class Rows:
 
     def set_logits(self, logits: torch.Tensor) -> None:
         self.logits = logits
+        self.col_max = None
 
     def remove(self, drop: torch.Tensor) -> None:
         """Remove the entries where ``drop`` (their order is kept; sortedness too)."""
-        self.logits = self.logits.masked_fill(drop, NEG_INF)
+        self.set_logits(self.logits.masked_fill(drop, NEG_INF))
         keep = ~drop
         self.live = keep if self.live is None else self.live & keep
 
@@ -128,7 +131,7 @@ class Rows:
     def gather(self, pos: torch.Tensor) -> None:
         """New rows made of the entries at ``pos[B, K]``, in that order."""
         self.ids = pos if self.ids is None else self.ids.gather(1, pos)
-        self.logits = self.logits.gather(1, pos)
+        self.set_logits(self.logits.gather(1, pos))
         if self.live is not None:
             self.live = self.live.gather(1, pos)
 
@@ -178,7 +181,7 @@ def top_sorted(rows: Rows, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     cols = w // 64
     if w >= 4096 and kk * 4 <= cols:
         grid = x[:, : 64 * cols].reshape(b, 64, cols)
-        cidx = grid.amax(1).topk(kk, dim=1).indices  # [B, kk]
+        cidx = (grid.amax(1) if rows.col_max is None else rows.col_max).topk(kk, dim=1).indices  # [B, kk]
         vals = grid.gather(2, cidx[:, None, :].expand(b, 64, kk)).reshape(b, -1)
         pos = (torch.arange(64, device=x.device)[None, :, None] * cols + cidx[:, None, :]).reshape(b, -1)
         if 64 * cols < w:
@@ -192,3 +195,17 @@ def top_sorted(rows: Rows, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     v = v.gather(1, perm)
     v, perm = v.sort(dim=1, descending=True, stable=True)
     return v, p.gather(1, perm)
+
+
+def column_max(x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Column maxima of wide rows viewed as ``[64, cols]`` blocks (None for narrow rows) and the row maxima,
+    in one pass; NaN propagates into both."""
+    b, w = x.shape
+    cols = w // 64
+    if w < 4096:
+        return None, x.amax(1)
+    col_max = x[:, : 64 * cols].reshape(b, 64, cols).amax(1)
+    row_max = col_max.amax(1)
+    if 64 * cols < w:
+        row_max = torch.maximum(row_max, x[:, 64 * cols :].amax(1))
+    return col_max, row_max

@@ -156,33 +156,33 @@ class TopP(_ProbabilityFilter):
         return shape.but(width=_DEVICE_NUCLEUS_CAP, identity=False, sorted=True)
 
     def device_apply(self, rows, members) -> None:
-        """The nucleus: on narrow rows from llama.cpp's exact binary32 softmax; wide unsorted rows keep their top
-        128 candidates (larger nuclei are redone on the CPU) and bound the binary32 sum instead of replaying it."""
+        """The nucleus, with a bound on how far llama.cpp's binary32 softmax sums can be from the binary64 ones
+        used here (rows within it of the cut are redone on the CPU). Wide unsorted rows keep their top 128
+        candidates, sort-free; a larger nucleus is redone on the CPU."""
         import torch
 
-        from samplechain.device.rows import F64, ULP32, near, seq_sum_f32, top_sorted
+        from samplechain.device.rows import F64, ULP32, near, top_sorted
 
         p = rows.param(members, "p").to(F64)
         min_keep = rows.param(members, "min_keep", torch.int64)
         n = rows.count()
         m = rows.row_max()
+        e = rows.exp_rel(m).to(F64)  # summed in the incoming order (spec §3.4), then sorted
+        total = e.sum(1, keepdim=True)
+        # |binary32 left-to-right sum - exact sum| <= sum_j min(e_j, half an ulp of the running sum)
         if rows.width <= DEVICE_SMALL_WIDTH:
-            total = seq_sum_f32(rows.exp_rel(m))  # in the incoming order (spec §3.4), then sorted
-            rows.sort()
-            probs = (rows.exp_rel(m) / total).to(F64)
-            slack = torch.zeros_like(p)
+            slack = (rows.width + 2) * ULP32
         else:
-            e = rows.exp_rel(m).to(F64)
-            total = e.sum(1, keepdim=True)
-            # |binary32 left-to-right sum - exact sum| <= sum_j min(e_j, half an ulp of the running sum)
             slack = (torch.minimum(e, total * (ULP32 * 1.001)).sum(1, keepdim=True) + 4 * ULP32 * total) / total
-            if not rows.sorted:
-                cap = min(_DEVICE_NUCLEUS_CAP, rows.width)
-                rows.gather(top_sorted(rows, cap)[1][:, :cap])
-                rows.sorted = True
-                n = n.clamp(max=cap)
-            probs = rows.exp_rel(m).to(F64) / total
-            rows.flag(probs.sum(1, keepdim=True) < p * (1 + slack) + 1e-12)  # the nucleus may pass the cut
+        if not rows.sorted and rows.width > DEVICE_SMALL_WIDTH:
+            cap = min(_DEVICE_NUCLEUS_CAP, rows.width)
+            rows.gather(top_sorted(rows, cap)[1][:, :cap])
+            n = n.clamp(max=cap)
+        else:
+            rows.sort()
+        rows.sorted = True
+        probs = rows.exp_rel(m).to(F64) / total
+        rows.flag(probs.sum(1, keepdim=True) < p * (1 + slack) + 1e-12)  # the nucleus may pass the cut
         run = probs.cumsum(1)
         i = torch.maximum((run < p).sum(1, keepdim=True), min_keep - 1)
         rows.flag(near(run, p, p * (slack + (rows.width + 4) * ULP32)))
