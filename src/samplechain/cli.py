@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mirostat-lr", type=float, default=d.mirostat_eta)
     s.add_argument("--mirostat-ent", type=float, default=d.mirostat_tau)
     s.add_argument("-l", "--logit-bias", type=_logit_bias, action="append", default=[])
+    s.add_argument("-bs", "--backend-sampling", action="store_true",
+                   help="run the chain's leading samplers on the model's device (the final draw on the CPU)")
+    s.add_argument("--backend-dist", action="store_true",
+                   help="with backend sampling, draw the token on the device too (implies --backend-sampling)")
     s.add_argument("--perf", dest="perf", action="store_true", default=True, help="print timings (default)")
     s.add_argument("--no-perf", dest="perf", action="store_false")
     c = g.add_argument_group("constrained output")
@@ -164,7 +168,8 @@ def params_from_args(args: argparse.Namespace) -> SamplingParams:
         dry_penalty_last_n=args.dry_penalty_last_n, dry_sequence_breakers=breakers,
         adaptive_target=args.adaptive_target, adaptive_decay=args.adaptive_decay, mirostat=args.mirostat,
         mirostat_eta=args.mirostat_lr, mirostat_tau=args.mirostat_ent, ignore_eos=args.ignore_eos,
-        no_perf=not args.perf, samplers=samplers, logit_bias=tuple(args.logit_bias), **_constraint(args),
+        no_perf=not args.perf, backend_sampling=args.backend_sampling or args.backend_dist,
+        backend_dist=args.backend_dist, samplers=samplers, logit_bias=tuple(args.logit_bias), **_constraint(args),
     )
 
 

@@ -143,6 +143,7 @@ class SamplingParams:
     no_perf: bool = False
     post_sampling_probs: bool = False
     backend_sampling: bool = False
+    backend_dist: bool = False  # with backend_sampling: the final draw on the device too (else on the CPU)
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
     logit_bias: tuple[tuple[int | str, float], ...] = ()
     grammar: str = ""
@@ -173,7 +174,7 @@ class SamplingParams:
         self.mirostat = check_int("mirostat", self.mirostat)
         if self.mirostat not in (0, 1, 2):
             raise ValueError(f"mirostat must be 0 (off), 1 or 2, got {self.mirostat}")
-        for name in ("ignore_eos", "no_perf", "post_sampling_probs", "backend_sampling"):
+        for name in ("ignore_eos", "no_perf", "post_sampling_probs", "backend_sampling", "backend_dist"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         breakers = self.dry_sequence_breakers
@@ -389,6 +390,7 @@ _SERVER_FIELDS = {
     "no_perf": _as_bool,
     "post_sampling_probs": _as_bool,
     "backend_sampling": _as_bool,
+    "backend_dist": _as_bool,
     "samplers": _samplers,
     "logit_bias": _parse_logit_bias,
     "grammar": lambda v: v if isinstance(v, str) else _fail("must be a string"),

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from samplechain.device import BatchSampler
 from samplechain.gguf import GGUFFile
 from samplechain.params import CommonSampler, SamplingParams
 from samplechain.runtime.context import Context
@@ -174,6 +175,7 @@ class Model:
         n_keep = min(n_keep, len(tokens))
 
         sampler = CommonSampler(params, self.vocab, n_vocab=self.config.n_vocab)
+        device_sampler = self._device_sampler(sampler)
         n_past = 0
         if prompt_cache is not None and os.path.exists(prompt_cache) and os.path.getsize(prompt_cache) > 0:
             n_past = self._reuse_prompt_cache(ctx, prompt_cache, tokens)
@@ -201,7 +203,10 @@ class Model:
         n_generated = 0
         while n_predict < 0 or n_generated < n_predict:
             start = time.perf_counter()
-            token = sampler.sample(logits.cpu().numpy())
+            if device_sampler is not None:  # the chain's device prefix runs on the logits where they are
+                token = device_sampler.sample(logits[None])[0]
+            else:
+                token = sampler.sample(logits.cpu().numpy())
             t.sample_ms += (time.perf_counter() - start) * 1e3
             t.n_sample += 1
             if self.vocab.is_eog(token):
@@ -227,6 +232,16 @@ class Model:
         tail = decoder.flush()
         if tail:
             yield tail
+
+    def _device_sampler(self, sampler: CommonSampler) -> BatchSampler | None:
+        """llama.cpp's backend sampling: on with ``backend_sampling``, off (with a warning) for grammars."""
+        p = sampler.params
+        if not (p.backend_sampling or p.backend_dist):
+            return None
+        if sampler.grammar is not None:
+            print("warning: backend sampling is off: grammars sample on the CPU", file=sys.stderr)
+            return None
+        return BatchSampler([sampler], self.transformer.device, select_on_device=p.backend_dist)
 
     def _reuse_prompt_cache(self, ctx: Context, path: str | os.PathLike[str], tokens: list[int]) -> int:
         """Load a prompt cache and keep its longest common prefix with ``tokens`` (at least one token is left
