@@ -92,3 +92,19 @@ def test_bad_seed(bad):
 
 def test_minus_one_is_default_seed():
     assert check_seed(-1) == DEFAULT_SEED
+
+
+def test_mark_and_rewind_repeat_the_draws():
+    r = LlamaRng(11)
+    for _ in range(620):  # near a block boundary, so the rewind crosses it
+        r.next_u32()
+    m = r.mark()
+    first = [r.uniform_double() for _ in range(4)]
+    r.rewind(m)
+    assert [r.uniform_double() for _ in range(4)] == first
+    fresh = LlamaRng(11)
+    for _ in range(620):
+        fresh.next_u32()
+    assert [fresh.uniform_double() for _ in range(4)] == first
+    with pytest.raises(ValueError, match="rewind"):
+        r.rewind(0)

@@ -176,7 +176,8 @@ class BatchSampler:
         x = logits.detach()
         return x.contiguous() if x.dtype == torch.float32 else x.float().contiguous()
 
-    def _step(self, x: torch.Tensor, saved: list) -> tuple[list[int], list[bool]]:
+    def _run(self, x: torch.Tensor) -> tuple[list[tuple[_Group, Rows]], torch.Tensor]:
+        """Every group's device prefix on its rows of ``x``; also the row maxima (NaN/+inf check)."""
         pending: list[tuple[_Group, Rows]] = []
         col_max, row_max = column_max(x)
         for g in self._groups:
@@ -193,6 +194,10 @@ class BatchSampler:
                 rows.slot = slot
                 members[0].device_apply(rows, members)
             pending.append((g, rows))
+        return pending, row_max
+
+    def _step(self, x: torch.Tensor, saved: list) -> tuple[list[int], list[bool]]:
+        pending, row_max = self._run(x)
         # one transfer: row maxima (NaN/+inf check), then per group the tokens or the reduced candidates
         out: list[torch.Tensor | None] = [row_max]
         for _, rows in pending:
@@ -242,6 +247,40 @@ class BatchSampler:
                 _restore(saved[i])
                 tokens[i], accepted[i] = self._cpu(i, full[j])
         return tokens, accepted
+
+    def process(self, logits: torch.Tensor) -> torch.Tensor:
+        """The device prefix of every row as a logits processor: ``[B, n_vocab]`` logits after the chains'
+        filtering and transforming samplers, removed tokens at -inf. Nothing is drawn or accepted.
+
+        Every sampler of every chain must be device-capable, but for a final dist or greedy (which is skipped).
+        """
+        for i, row in enumerate(self._rows):
+            rest = [s for s in row.samplers[row.prefix :] if not s.disabled]
+            if row.grammar or rest[:1] and (len(rest) > 1 or rest[0].name not in ("dist", "greedy")):
+                raise ValueError(f"row {i}: {self.describe(i)} has samplers without a device form after the "
+                                 "prefix; a logits processor cannot run them")
+        x = self._check(logits)
+        pending, row_max = self._run(x)
+        out = torch.full_like(x, float("-inf"))
+        redo: list[int] = []
+        for g, rows in pending:
+            vals = rows.logits if rows.live is None else rows.logits.masked_fill(~rows.live, float("-inf"))
+            if not rows.identity:
+                vals = torch.full((rows.batch, rows.n_vocab), float("-inf"), device=x.device).scatter_(
+                    1, rows.ids, vals)
+            idx = torch.tensor(g.rows, device=x.device)
+            out.index_copy_(0, idx, vals)
+            redo += [g.rows[j] for j in rows.unsure.nonzero()[:, 0].tolist()]
+        for i in redo:  # rare: a decision too close to call in the device arithmetic
+            c = Candidates.from_logits(x[i].cpu().numpy())
+            for s in self._rows[i].samplers[: self._rows[i].prefix]:
+                s.apply(c)
+            row = torch.full((x.shape[1],), float("-inf"))
+            row[torch.from_numpy(c.ids.astype(np.int64))] = torch.from_numpy(np.ascontiguousarray(c.logits))
+            out[i] = row.to(x.device)
+        if not bool((row_max < float("inf")).all()):
+            raise ValueError("logits contain NaN or +inf")
+        return out
 
     def _finish(self, i: int, c: Candidates) -> int:
         """The CPU rest of row ``i``'s chain on its reduced candidates."""

@@ -1,0 +1,1 @@
+"""Adapters that put samplechain's samplers inside other libraries (optional extras)."""
