@@ -31,6 +31,7 @@ bench: setup
 	$(PY) -m benchmarks.bench_chain
 	$(PY) -m benchmarks.bench_generate
 	$(PY) -m benchmarks.bench_grammar
+	$(PY) -m benchmarks.bench_device
 
 lint: setup
 	$(PY) -m ruff check src tests benchmarks

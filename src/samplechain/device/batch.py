@@ -116,7 +116,7 @@ class BatchSampler:
             members = [[s for s in self._rows[i].samplers[: self._rows[i].prefix] if not s.disabled] for i in idx]
             whole = idx == list(range(len(self._rows)))
             index = None if whole else torch.tensor(idx, dtype=torch.int64, device=self.device)
-            self._groups.append(_Group(idx, [list(slot) for slot in zip(*members)], index))
+            self._groups.append(_Group(idx, [list(slot) for slot in zip(*members, strict=True)], index))
         self._cpu_rows = [i for i, row in enumerate(self._rows) if not row.key]
 
     def __len__(self) -> int:
@@ -256,7 +256,7 @@ class BatchSampler:
         """
         for i, row in enumerate(self._rows):
             rest = [s for s in row.samplers[row.prefix :] if not s.disabled]
-            if row.grammar or rest[:1] and (len(rest) > 1 or rest[0].name not in ("dist", "greedy")):
+            if row.grammar or (rest and (len(rest) > 1 or rest[0].name not in ("dist", "greedy"))):
                 raise ValueError(f"row {i}: {self.describe(i)} has samplers without a device form after the "
                                  "prefix; a logits processor cannot run them")
         x = self._check(logits)

@@ -24,7 +24,7 @@ def device_scatter_add(rows, tokens: list[np.ndarray], values: list[np.ndarray],
     width = max(1, max(len(t) for t in tokens))
     tok = np.full((rows.batch, width), v, dtype=np.int64)  # padding points at a spare column
     val = np.zeros((rows.batch, width), dtype=F32)
-    for i, (t, x) in enumerate(zip(tokens, values)):
+    for i, (t, x) in enumerate(zip(tokens, values, strict=True)):
         inside = t < v
         tok[i, : inside.sum()] = t[inside]
         val[i, : inside.sum()] = x[inside]

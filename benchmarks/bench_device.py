@@ -1,0 +1,105 @@
+"""Batched device sampling: ms per step for B rows, ours against a plain PyTorch sort-based sampler and against
+B sequential CPU chains, on the same logits and in the same run (ratios; absolute times drift on shared machines).
+
+- ``ours``: ``BatchSampler`` with llama.cpp's default chain per row (top-k 40, top-p 0.95, min-p 0.05, temp 0.8,
+  dist), each row its own seed, the token accepted into its chain; exact: the CPU chains' tokens.
+- ``sort``: the common PyTorch top-k/top-p sampler (full descending sort, masks, softmax, exponential race),
+  same parameters (not llama.cpp's semantics; the usual baseline, as in vLLM).
+- ``cpu``: ``CommonSampler.sample`` row after row (NumPy).
+- ``flashinfer``: ``top_k_top_p_sampling_from_logits`` when CUDA and flashinfer are present.
+
+Run: ``python -m benchmarks.bench_device [--device cuda] [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from benchmarks.logits import realistic_logits
+from samplechain import CommonSampler, SamplingParams
+from samplechain.device import BatchSampler
+
+TOP_K, TOP_P, TEMP = 40, 0.95, 0.8
+
+
+def sort_baseline(logits: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """The usual PyTorch top-k/top-p sampler: sort, mask, softmax, exponential race."""
+    x = logits / TEMP
+    v, idx = x.sort(dim=1, descending=True)
+    v[:, TOP_K:] = float("-inf")
+    p = v.softmax(dim=1)
+    drop = p.cumsum(dim=1) - p > TOP_P
+    v = v.masked_fill(drop, float("-inf"))
+    q = torch.empty_like(v).exponential_(generator=gen)
+    return idx.gather(1, (v.softmax(dim=1) / q).argmax(dim=1, keepdim=True))[:, 0]
+
+
+def timed(fn, sync, budget_s: float, min_reps: int = 3) -> float:
+    """Median ms of ``fn`` over at least ``min_reps`` calls or ``budget_s`` seconds."""
+    fn()
+    sync()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_reps or time.perf_counter() - start < budget_s:
+        t = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t) * 1e3)
+        if len(times) >= 200:
+            break
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--quick", action="store_true", help="batch 64 x 49k only")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    try:
+        from flashinfer.sampling import top_k_top_p_sampling_from_logits  # type: ignore
+    except ImportError:
+        top_k_top_p_sampling_from_logits = None
+    if device.type != "cuda":
+        top_k_top_p_sampling_from_logits = None
+    batches = (64,) if args.quick else (1, 8, 64, 256)
+    vocabs = (49152,) if args.quick else (49152, 131072, 262144)
+    print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}; ms per step (median)")
+    head = f"{'vocab':>7} {'B':>4} {'ours':>9} {'sort':>9} {'cpu':>9} {'cpu/ours':>9} {'sort/ours':>9} {'same':>6}"
+    if top_k_top_p_sampling_from_logits is not None:
+        head += f" {'flashinfer':>10} {'ours/fi':>8}"
+    print(head)
+    rng = np.random.default_rng(0)
+    for v in vocabs:
+        pool = np.stack([realistic_logits(v, rng) for _ in range(16)])
+        for b in batches:
+            host = pool[np.arange(b) % 16] + rng.normal(0, 0.05, (b, v)).astype(np.float32)
+            logits = torch.from_numpy(host).to(device)
+            params = [SamplingParams(seed=1000 + i) for i in range(b)]
+            budget = 2.0 if b * v <= 64 * 131072 else 1.0
+            bs = BatchSampler([CommonSampler(p) for p in params], device)
+            ours = timed(lambda: bs.sample(logits), sync, budget)
+            gen = torch.Generator(device=device).manual_seed(0)
+            sort = timed(lambda: sort_baseline(logits, gen), sync, budget)
+            cpu_chains = [CommonSampler(p) for p in params]
+            cpu = timed(lambda: [c.sample(host[i]) for i, c in enumerate(cpu_chains)], sync, budget)
+            # exactness on fresh chains: the device tokens equal the CPU chains' tokens for 5 steps
+            a = BatchSampler([CommonSampler(p) for p in params], device)
+            ref = [CommonSampler(p) for p in params]
+            same = all(a.sample(logits) == [c.sample(host[i]) for i, c in enumerate(ref)] for _ in range(5))
+            line = (f"{v:>7} {b:>4} {ours:>9.3f} {sort:>9.3f} {cpu:>9.3f} {cpu / ours:>9.2f} {sort / ours:>9.2f}"
+                    f" {str(same):>6}")
+            if top_k_top_p_sampling_from_logits is not None:
+                fi = timed(lambda: top_k_top_p_sampling_from_logits(logits / TEMP, TOP_K, TOP_P), sync, budget)
+                line += f" {fi:>10.3f} {ours / fi:>8.2f}"
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
