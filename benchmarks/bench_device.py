@@ -84,19 +84,19 @@ def main() -> None:
             params = [SamplingParams(seed=1000 + i) for i in range(b)]
             budget = 2.0 if b * v <= 64 * 131072 else 1.0
             bs = BatchSampler([CommonSampler(p) for p in params], device)
-            ours = timed(lambda: bs.sample(logits), sync, budget)
+            ours = timed(lambda bs=bs, x=logits: bs.sample(x), sync, budget)
             gen = torch.Generator(device=device).manual_seed(0)
-            sort = timed(lambda: sort_baseline(logits, gen), sync, budget)
+            sort = timed(lambda x=logits, g=gen: sort_baseline(x, g), sync, budget)
             cpu_chains = [CommonSampler(p) for p in params]
-            cpu = timed(lambda: [c.sample(host[i]) for i, c in enumerate(cpu_chains)], sync, budget)
+            cpu = timed(lambda h=host, cs=cpu_chains: [c.sample(h[i]) for i, c in enumerate(cs)], sync, budget)
             # exactness on fresh chains: the device tokens equal the CPU chains' tokens for 5 steps
             a = BatchSampler([CommonSampler(p) for p in params], device)
             ref = [CommonSampler(p) for p in params]
             same = all(a.sample(logits) == [c.sample(host[i]) for i, c in enumerate(ref)] for _ in range(5))
             line = (f"{v:>7} {b:>4} {ours:>9.3f} {sort:>9.3f} {cpu:>9.3f} {cpu / ours:>9.2f} {sort / ours:>9.2f}"
-                    f" {str(same):>6}")
+                    f" {same!s:>6}")
             if top_k_top_p_sampling_from_logits is not None:
-                fi = timed(lambda: top_k_top_p_sampling_from_logits(logits / TEMP, TOP_K, TOP_P), sync, budget)
+                fi = timed(lambda x=logits, f=top_k_top_p_sampling_from_logits: f(x / TEMP, TOP_K, TOP_P), sync, budget)
                 line += f" {fi:>10.3f} {ours / fi:>8.2f}"
             print(line, flush=True)
 
