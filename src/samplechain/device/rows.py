@@ -15,14 +15,11 @@ from collections.abc import Sequence
 
 import torch
 
-from samplechain.samplers.base import DEVICE_SMALL_WIDTH
-
 F32 = torch.float32
 F64 = torch.float64
 NEG_INF = float("-inf")
 ULP32 = 2.0**-24  # unit roundoff of binary32
 
-SMALL_WIDTH = DEVICE_SMALL_WIDTH
 
 
 class Rows:
