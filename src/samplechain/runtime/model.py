@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -21,6 +22,14 @@ from samplechain.runtime.kv_cache import KVCache
 from samplechain.runtime.weights import Linear, WeightLoader
 
 ARCHITECTURES = ("llama", "gemma3")
+
+
+class Engine(Protocol):
+    """A forward step other than the torch path (e.g. the compiled CPU engine); same contract as
+    ``Transformer.forward``."""
+
+    def forward(self, transformer: Transformer, cache: KVCache, tokens: np.ndarray, positions: np.ndarray,
+                seq_ids: list[tuple[int, ...]], outputs: np.ndarray) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -100,7 +109,7 @@ def neox_to_pairs(head_dim: int) -> np.ndarray:
 
 def rope_rotation(positions: torch.Tensor, head_dim: int, base: float) -> torch.Tensor:
     """Complex rotations [n, 1, head_dim/2] for (possibly negative) integer positions, angles in float64."""
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
     angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
     return torch.polar(torch.ones_like(angles), angles).to(torch.complex64)[:, None, :]
 
@@ -119,8 +128,11 @@ class Transformer:
         emb = loader.gguf.info("token_embd.weight")
         if emb.shape != (c.n_vocab, c.n_embd):
             raise GGUFError(f"token_embd shape {emb.shape} does not match vocab {c.n_vocab} x {c.n_embd}")
-        self.tok_embd = loader.tensor("token_embd.weight")
-        self.output = loader.linear("output.weight") if loader.has("output.weight") else Linear(self.tok_embd)
+        embedding = loader.linear("token_embd.weight")
+        self.tok_embd = embedding.dense_weight()  # the input lookup shares the tied output layer's matrix
+        self.output = loader.linear("output.weight") if loader.has("output.weight") else embedding
+        self.engine: Engine | None = None  # a compiled forward (cpu_engine) replacing the torch path below
+        self.kernel = "torch-int4-f32" if loader.quantized else "torch-dense"
         self.output_norm = loader.tensor("output_norm.weight")
         gemma = c.arch == "gemma3"
         # Keys and queries are kept with RoPE pairs adjacent (llama.cpp's "normal" layout); NEOX models get their
@@ -151,16 +163,24 @@ class Transformer:
             ))
 
     def dense(self) -> Transformer:
-        """A copy whose 4-bit linears are dequantized (the reference path)."""
-        return self._map_linears(Linear.dense)
+        """A copy on the torch path with every linear dequantized (the reference path)."""
+        return self._map_linears(Linear.dense, "torch-dense")
 
     def with_int4_dtype(self, dtype: torch.dtype) -> Transformer:
-        """A copy whose 4-bit linears take activations in ``dtype``."""
-        return self._map_linears(lambda lin: lin.with_compute_dtype(dtype))
+        """A copy on the torch path whose 4-bit linears run torch's int4 kernel with ``dtype`` activations."""
+        name = {torch.float32: "torch-int4-f32", torch.bfloat16: "torch-int4-bf16"}.get(dtype, f"torch-int4-{dtype}")
+        return self._map_linears(lambda lin: lin.with_int4_dtype(dtype), name)
 
-    def _map_linears(self, fn: Callable[[Linear], Linear]) -> Transformer:
+    def with_engine(self, engine: Engine | None, kernel: str) -> Transformer:
+        """This model's forward through ``engine`` (None: the torch path), named ``kernel`` in timings."""
+        other = self._map_linears(lambda lin: lin, kernel)
+        other.engine = engine
+        return other
+
+    def _map_linears(self, fn: Callable[[Linear], Linear], kernel: str) -> Transformer:
         other = object.__new__(Transformer)
         other.__dict__.update(self.__dict__)
+        other.engine, other.kernel = None, kernel
         other.output = fn(self.output)
         other.layers = [Layer(**{k: (fn(v) if isinstance(v, Linear) else v) for k, v in vars(layer).items()})
                         for layer in self.layers]
@@ -195,23 +215,30 @@ class Transformer:
             k = cache.k[i][:, cells].transpose(0, 1)  # [cells, heads, dim]
             cache.k[i][:, cells] = apply_rope(k, rotations[base]).transpose(0, 1)
 
+    def prepare(self, cache: KVCache, positions: np.ndarray, seq_ids: list[tuple[int, ...]],
+                ) -> tuple[np.ndarray, int, dict[int | None, np.ndarray]]:
+        """Place a batch in the cache: pending K-shifts applied, cells found and occupied. Returns the cells, the
+        number of cells to attend over, and the attention mask [n, n_kv] per sliding window (None: global)."""
+        self.apply_kv_shift(cache)
+        cells = cache.find_slot(len(positions))
+        cache.occupy(cells, positions, seq_ids)
+        n_kv = cache.n_attn
+        first_seq = np.array([s[0] for s in seq_ids], dtype=np.int64)
+        windows = {self.layer_window(i) for i in range(self.config.n_layer)}
+        return cells, n_kv, {w: cache.mask(positions, first_seq, n_kv, w) for w in windows}
+
     @torch.inference_mode()
     def forward(self, cache: KVCache, tokens: np.ndarray, positions: np.ndarray, seq_ids: list[tuple[int, ...]],
                 outputs: np.ndarray) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] (float32) for the rows where ``outputs`` is true."""
+        if self.engine is not None:
+            return self.engine.forward(self, cache, tokens, positions, seq_ids, outputs)
         c = self.config
-        self.apply_kv_shift(cache)
         n = len(tokens)
-        cells_np = cache.find_slot(n)
-        cache.occupy(cells_np, positions, seq_ids)
-        n_kv = cache.n_attn
-        first_seq = np.array([s[0] for s in seq_ids], dtype=np.int64)
+        cells_np, n_kv, masks_np = self.prepare(cache, positions, seq_ids)
         contiguous = bool(cells_np[-1] - cells_np[0] == n - 1)
         cells = slice(int(cells_np[0]), int(cells_np[0]) + n) if contiguous else torch.from_numpy(cells_np)
-        masks = {}
-        for window in {self.layer_window(i) for i in range(c.n_layer)}:
-            m = cache.mask(positions, first_seq, n_kv, window)
-            masks[window] = None if m.all() else torch.from_numpy(m).to(self.device)
+        masks = {w: None if m.all() else torch.from_numpy(m).to(self.device) for w, m in masks_np.items()}
         pos_t = torch.from_numpy(positions).to(self.device)
         ropes = {b: rope_rotation(pos_t, c.head_dim, b) for b in {self.layer_base(i) for i in range(c.n_layer)}}
 

@@ -1,0 +1,451 @@
+/* samplechain's CPU forward: llama.cpp-style quantized dot products, batch-invariant by construction.
+
+   Every output value is reduced in one fixed order that does not depend on how many tokens share the call:
+   - matrix products keep 16 output rows in SIMD lanes and walk the input in 32-element blocks, one block after the
+     other; a block's integer dot product is exact (int32), the float accumulation across blocks is sequential;
+   - the Q4/Q8 kernel variants (AVX-512 VNNI, AVX2, portable C) compute the same exact integer sums and the same
+     float operations in the same order, so they give the same bits; the runtime times them and keeps the fastest;
+   - attention sums over KV cells in cell order; norms reduce in 16 fixed lanes then a fixed tree.
+   Compiled with -ffp-contract=off (no implicit FMA) and without -ffast-math (no reassociation); FMAs are explicit.
+
+   Weight formats (prepared at load, tiles of 16 output rows, blocks of 32 inputs):
+   - W4: 4-bit q in [0, 15], w = d*q + m (Q4_0, Q4_1 exactly). Per tile and block: 4 vectors of 64 bytes; vector k,
+     lane r holds bytes q[r, 8k+i] | q[r, 8k+4+i] << 4 (i < 4); d, m: float[16] per tile and block.
+   - W8: 8-bit signed q, w = d*q (Q8_0, Q5_0 exactly). Per tile and block: 8 vectors; vector k, lane r holds
+     q[r, 4k+i]; d: float[16]; wsum: int32[16], the block sums of q.
+   - F32: per tile, float[in][16].
+   Activations for W4/W8 are quantized per 32-block to int8 (d = amax/127, q = round(x/d)), as llama.cpp's Q8. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#define QK 32
+#define TILE 16
+
+enum { SC_F32 = 0, SC_W4 = 1, SC_W8 = 2 };
+enum { SC_GENERIC = 0, SC_AVX2 = 1, SC_AVX512VNNI = 2 };
+
+typedef struct {
+    int32_t kind, n_out, n_in, pad;
+    const uint8_t *q;     /* W4 / W8 data, or float for F32 */
+    const float *d, *m;   /* per tile/block scales (W4: d, m; W8: d) */
+    const int32_t *wsum;  /* W8 block sums */
+} sc_linear;
+
+typedef struct {
+    const float *attn_norm, *ffn_norm, *q_norm, *k_norm, *post_attn_norm, *post_ffn_norm;
+    sc_linear qkv, wo, gate_up, down;
+    int32_t swa, pad;
+} sc_layer;
+
+typedef struct {
+    int32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, gelu;
+    float eps, attn_scale;
+    int32_t kv_size, isa;
+    const sc_layer *layers;
+    const float *output_norm;
+    sc_linear output;
+} sc_model;
+
+/* ---------------------------------------------------------------------------------------------------------------
+   activations */
+
+typedef struct {
+    int8_t *q; float *d; int32_t *s;  /* per token: n_in int8, n_in/32 scales and sums */
+    int n_in;
+} q8_rows;
+
+static void quantize_row(const float *x, int n, int8_t *q, float *d, int32_t *s) {
+    for (int b = 0; b < n / QK; b++) {
+        const float *xb = x + b * QK;
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++) {
+            float a = fabsf(xb[j]);
+            amax = a > amax ? a : amax;
+        }
+        float db = amax / 127.0f;
+        float id = db != 0.0f ? 127.0f / amax : 0.0f;
+        int32_t sum = 0;
+        for (int j = 0; j < QK; j++) {
+            int v = (int)roundf(xb[j] * id);
+            q[b * QK + j] = (int8_t)v;
+            sum += v;
+        }
+        d[b] = db;
+        s[b] = sum;
+    }
+}
+
+static float lanes_sum16(const float *acc) {
+    /* a fixed tree over 16 partial sums */
+    float a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++) a[i] = acc[i] + acc[i + 8];
+    for (int i = 0; i < 4; i++) b[i] = a[i] + a[i + 4];
+    for (int i = 0; i < 2; i++) c[i] = b[i] + b[i + 2];
+    return c[0] + c[1];
+}
+
+static float dot_f32(const float *x, const float *y, int n) { /* n % 16 == 0 */
+    float acc[16] = {0};
+    for (int i = 0; i < n; i += 16)
+        for (int l = 0; l < 16; l++) acc[l] += x[i + l] * y[i + l];
+    return lanes_sum16(acc);
+}
+
+static void rms_norm(const float *x, const float *w, float *y, int n, float eps) {
+    float mean = dot_f32(x, x, n) / (float)n;
+    float r = 1.0f / sqrtf(mean + eps);
+    for (int i = 0; i < n; i++) y[i] = (x[i] * r) * w[i];
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+   one tile (16 output rows) x one token: the three variants give the same bits */
+
+static void tile_generic(const sc_linear *L, int t, const int8_t *xq, const float *xd, const int32_t *xs,
+                         const float *xf, float *out) {
+    int nb = L->n_in / QK;
+    float acc[TILE] = {0};
+    if (L->kind == SC_F32) {
+        const float *w = (const float *)L->q + (size_t)t * L->n_in * TILE;
+        for (int k = 0; k < L->n_in; k++)
+            for (int r = 0; r < TILE; r++) acc[r] = fmaf(w[k * TILE + r], xf[k], acc[r]);
+    } else if (L->kind == SC_W4) {
+        for (int b = 0; b < nb; b++) {
+            size_t blk = (size_t)t * nb + b;
+            const uint8_t *p = L->q + blk * 256;
+            const float *d = L->d + blk * TILE, *m = L->m + blk * TILE;
+            const int8_t *x = xq + b * QK;
+            float ms = xd[b] * (float)xs[b];
+            for (int r = 0; r < TILE; r++) {
+                int32_t isum = 0;
+                for (int k = 0; k < 4; k++)
+                    for (int i = 0; i < 4; i++) {
+                        uint8_t byte = p[64 * k + 4 * r + i];
+                        isum += (byte & 15) * x[8 * k + i] + (byte >> 4) * x[8 * k + 4 + i];
+                    }
+                acc[r] = fmaf((float)isum, d[r] * xd[b], acc[r]);
+                acc[r] = fmaf(m[r], ms, acc[r]);
+            }
+        }
+    } else {
+        for (int b = 0; b < nb; b++) {
+            size_t blk = (size_t)t * nb + b;
+            const int8_t *p = (const int8_t *)L->q + blk * 512;
+            const float *d = L->d + blk * TILE;
+            const int8_t *x = xq + b * QK;
+            for (int r = 0; r < TILE; r++) {
+                int32_t isum = 0;
+                for (int k = 0; k < 8; k++)
+                    for (int i = 0; i < 4; i++) isum += p[64 * k + 4 * r + i] * x[4 * k + i];
+                acc[r] = fmaf((float)isum, d[r] * xd[b], acc[r]);
+            }
+        }
+    }
+    memcpy(out, acc, sizeof acc);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma")))
+static void tile_avx2(const sc_linear *L, int t, const int8_t *xq, const float *xd, const int32_t *xs,
+                      const float *xf, float *out) {
+    int nb = L->n_in / QK;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    if (L->kind == SC_F32) {
+        const float *w = (const float *)L->q + (size_t)t * L->n_in * TILE;
+        for (int k = 0; k < L->n_in; k++) {
+            __m256 xb = _mm256_set1_ps(xf[k]);
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k * TILE), xb, acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k * TILE + 8), xb, acc1);
+        }
+    } else {
+        const __m256i lo = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+        for (int b = 0; b < nb; b++) {
+            size_t blk = (size_t)t * nb + b;
+            const int8_t *x = xq + b * QK;
+            __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+            if (L->kind == SC_W4) {
+                const uint8_t *p = L->q + blk * 256;
+                for (int k = 0; k < 4; k++) {
+                    int32_t x0, x1;
+                    memcpy(&x0, x + 8 * k, 4);
+                    memcpy(&x1, x + 8 * k + 4, 4);
+                    __m256i b0 = _mm256_set1_epi32(x0), b1 = _mm256_set1_epi32(x1);
+                    __m256i v0 = _mm256_loadu_si256((const __m256i *)(p + 64 * k));
+                    __m256i v1 = _mm256_loadu_si256((const __m256i *)(p + 64 * k + 32));
+                    __m256i l0 = _mm256_and_si256(v0, lo), h0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), lo);
+                    __m256i l1 = _mm256_and_si256(v1, lo), h1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), lo);
+                    __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(l0, b0), _mm256_maddubs_epi16(h0, b1));
+                    __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(l1, b0), _mm256_maddubs_epi16(h1, b1));
+                    s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(p0, ones));
+                    s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(p1, ones));
+                }
+            } else {
+                const int8_t *p = (const int8_t *)L->q + blk * 512;
+                for (int k = 0; k < 8; k++) {
+                    int32_t x0;
+                    memcpy(&x0, x + 4 * k, 4);
+                    __m256i xb = _mm256_set1_epi32(x0), ax = _mm256_sign_epi8(xb, xb);
+                    __m256i v0 = _mm256_loadu_si256((const __m256i *)(p + 64 * k));
+                    __m256i v1 = _mm256_loadu_si256((const __m256i *)(p + 64 * k + 32));
+                    s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(v0, xb)), ones));
+                    s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(v1, xb)), ones));
+                }
+            }
+            __m256 dx = _mm256_set1_ps(xd[b]);
+            const float *d = L->d + blk * TILE;
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(_mm256_loadu_ps(d), dx), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(_mm256_loadu_ps(d + 8), dx), acc1);
+            if (L->kind == SC_W4) {
+                const float *m = L->m + blk * TILE;
+                __m256 ms = _mm256_set1_ps(xd[b] * (float)xs[b]);
+                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(m), ms, acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(m + 8), ms, acc1);
+            }
+        }
+    }
+    _mm256_storeu_ps(out, acc0);
+    _mm256_storeu_ps(out + 8, acc1);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
+static void tile_avx512vnni(const sc_linear *L, int t, const int8_t *xq, const float *xd, const int32_t *xs,
+                            const float *xf, float *out) {
+    int nb = L->n_in / QK;
+    __m512 acc = _mm512_setzero_ps();
+    if (L->kind == SC_F32) {
+        const float *w = (const float *)L->q + (size_t)t * L->n_in * TILE;
+        for (int k = 0; k < L->n_in; k++) acc = _mm512_fmadd_ps(_mm512_loadu_ps(w + k * TILE), _mm512_set1_ps(xf[k]), acc);
+    } else if (L->kind == SC_W4) {
+        const __m512i lo = _mm512_set1_epi8(15);
+        for (int b = 0; b < nb; b++) {
+            size_t blk = (size_t)t * nb + b;
+            const uint8_t *p = L->q + blk * 256;
+            const int8_t *x = xq + b * QK;
+            __m512i s = _mm512_setzero_si512();
+            for (int k = 0; k < 4; k++) {
+                int32_t x0, x1;
+                memcpy(&x0, x + 8 * k, 4);
+                memcpy(&x1, x + 8 * k + 4, 4);
+                __m512i v = _mm512_loadu_si512(p + 64 * k);
+                s = _mm512_dpbusd_epi32(s, _mm512_and_si512(v, lo), _mm512_set1_epi32(x0));
+                s = _mm512_dpbusd_epi32(s, _mm512_and_si512(_mm512_srli_epi16(v, 4), lo), _mm512_set1_epi32(x1));
+            }
+            const float *d = L->d + blk * TILE, *m = L->m + blk * TILE;
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_loadu_ps(d), _mm512_set1_ps(xd[b])), acc);
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(m), _mm512_set1_ps(xd[b] * (float)xs[b]), acc);
+        }
+    } else {
+        const __m512i off = _mm512_set1_epi8((char)0x80);
+        for (int b = 0; b < nb; b++) {
+            size_t blk = (size_t)t * nb + b;
+            const uint8_t *p = L->q + blk * 512;
+            const int8_t *x = xq + b * QK;
+            __m512i s = _mm512_setzero_si512();
+            for (int k = 0; k < 8; k++) {
+                int32_t x0;
+                memcpy(&x0, x + 4 * k, 4);
+                /* (x + 128) as unsigned times signed q; the 128 * sum(q) term is taken off below */
+                __m512i xu = _mm512_xor_si512(_mm512_set1_epi32(x0), off);
+                s = _mm512_dpbusd_epi32(s, xu, _mm512_loadu_si512(p + 64 * k));
+            }
+            s = _mm512_sub_epi32(s, _mm512_slli_epi32(_mm512_loadu_si512(L->wsum + blk * TILE), 7));
+            const float *d = L->d + blk * TILE;
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_loadu_ps(d), _mm512_set1_ps(xd[b])), acc);
+        }
+    }
+    _mm512_storeu_ps(out, acc);
+}
+#endif
+
+typedef void (*tile_fn)(const sc_linear *, int, const int8_t *, const float *, const int32_t *, const float *, float *);
+
+static tile_fn tile_kernel(int isa) {
+#if defined(__x86_64__)
+    if (isa == SC_AVX512VNNI) return tile_avx512vnni;
+    if (isa == SC_AVX2) return tile_avx2;
+#endif
+    (void)isa;
+    return tile_generic;
+}
+
+int sc_isa_supported(int isa) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (isa == SC_AVX512VNNI)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma");
+    if (isa == SC_AVX2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+    return isa == SC_GENERIC;
+}
+
+/* y[n, n_out] = x[n, n_in] @ W.T; x given as float (F32) or quantized rows */
+static void matmul(const sc_linear *L, int n, const float *xf, const q8_rows *xq, float *y, int isa, int nt) {
+    tile_fn f = tile_kernel(isa);
+    int tiles = L->n_out / TILE, nbq = L->n_in / QK;
+    #pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < tiles; t++)
+        for (int i = 0; i < n; i++)
+            f(L, t, L->kind == SC_F32 ? NULL : xq->q + (size_t)i * L->n_in, L->kind == SC_F32 ? NULL : xq->d + (size_t)i * nbq,
+              L->kind == SC_F32 ? NULL : xq->s + (size_t)i * nbq, L->kind == SC_F32 ? xf + (size_t)i * L->n_in : NULL,
+              y + (size_t)i * L->n_out + t * TILE);
+}
+
+static void quantize_rows(const float *x, int n, int n_in, q8_rows *out, int nt) {
+    out->n_in = n_in;
+    #pragma omp parallel for schedule(static) num_threads(nt) if (n > 1)
+    for (int i = 0; i < n; i++)
+        quantize_row(x + (size_t)i * n_in, n_in, out->q + (size_t)i * n_in, out->d + (size_t)i * (n_in / QK),
+                     out->s + (size_t)i * (n_in / QK));
+}
+
+/* y = L(x), quantizing x first when the weights are quantized */
+static void linear(const sc_linear *L, int n, const float *x, q8_rows *scratch, float *y, int isa, int nt) {
+    if (L->kind != SC_F32) quantize_rows(x, n, L->n_in, scratch, nt);
+    matmul(L, n, x, scratch, y, isa, nt);
+}
+
+/* exposed for tests and kernel timing: one linear on float rows */
+int sc_linear_forward(const sc_linear *L, int n, const float *x, float *y, int isa, int nt) {
+    q8_rows q = {0};
+    if (L->kind != SC_F32) {
+        q.q = malloc((size_t)n * L->n_in);
+        q.d = malloc(sizeof(float) * (size_t)n * (L->n_in / QK));
+        q.s = malloc(sizeof(int32_t) * (size_t)n * (L->n_in / QK));
+        if (!q.q || !q.d || !q.s) { free(q.q); free(q.d); free(q.s); return -1; }
+    }
+    linear(L, n, x, &q, y, isa, nt);
+    free(q.q); free(q.d); free(q.s);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+   the forward step */
+
+static void rope(float *x, int n_heads, int hd, const float *cs, const float *sn) {
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + h * hd;
+        for (int i = 0; i < hd / 2; i++) {
+            float a = v[2 * i], b = v[2 * i + 1];
+            v[2 * i] = a * cs[i] - b * sn[i];
+            v[2 * i + 1] = a * sn[i] + b * cs[i];
+        }
+    }
+}
+
+static float gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+/* Attention of n query tokens over the first n_kv cells; mask[i * n_kv + j] says whether token i sees cell j. */
+static void attention(const sc_model *M, int n, const float *qkv, int stride, const float *kc, const float *vc, int n_kv,
+                      const uint8_t *mask, float *out, int nt) {
+    int H = M->n_head, Hkv = M->n_head_kv, hd = M->head_dim, group = H / Hkv;
+    #pragma omp parallel num_threads(nt) if (n * H > 1)
+    {
+        float *e = malloc(sizeof(float) * (n_kv > 0 ? n_kv : 1));
+        #pragma omp for schedule(static)
+        for (int ih = 0; ih < n * H; ih++) {
+            int i = ih / H, h = ih % H, g = h / group;
+            const float *q = qkv + (size_t)i * stride + h * hd;
+            const float *K = kc + (size_t)g * M->kv_size * hd, *V = vc + (size_t)g * M->kv_size * hd;
+            const uint8_t *mk = mask + (size_t)i * n_kv;
+            float *o = out + (size_t)i * H * hd + h * hd;
+            float mx = -INFINITY;
+            for (int j = 0; j < n_kv; j++) {
+                if (!mk[j]) continue;
+                e[j] = dot_f32(q, K + (size_t)j * hd, hd) * M->attn_scale;
+                mx = e[j] > mx ? e[j] : mx;
+            }
+            for (int d = 0; d < hd; d++) o[d] = 0.0f;
+            float sum = 0.0f;
+            for (int j = 0; j < n_kv; j++) {
+                if (!mk[j]) continue;
+                float p = expf(e[j] - mx);
+                sum += p;
+                const float *v = V + (size_t)j * hd;
+                for (int d = 0; d < hd; d++) o[d] += p * v[d];
+            }
+            float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+            for (int d = 0; d < hd; d++) o[d] *= inv;
+        }
+        free(e);
+    }
+}
+
+static size_t max_in(const sc_model *M) {
+    int a = M->n_embd, b = M->n_head * M->head_dim, c = M->n_ff;
+    int m = a > b ? a : b;
+    return (size_t)(m > c ? m : c);
+}
+
+/* x [n, n_embd] (embeddings, modified); cells [n]: where each token's K/V go; masks [2][n, n_kv] (global, sliding);
+   rope cos/sin [2][n, head_dim/2] (global base, sliding base); kc/vc: the cache [n_layer, n_head_kv, kv_size, hd];
+   rows [n_out]: tokens whose logits are wanted, written to logits [n_out, n_vocab]. Returns 0, or -1 (memory). */
+int sc_forward(const sc_model *M, int n, float *x, const int64_t *cells, int n_kv, const uint8_t *mask_global,
+               const uint8_t *mask_swa, const float *cos_global, const float *sin_global, const float *cos_swa,
+               const float *sin_swa, float *kc, float *vc, const int64_t *rows, int n_out, float *logits, int nt) {
+    int E = M->n_embd, H = M->n_head, Hkv = M->n_head_kv, hd = M->head_dim, F = M->n_ff;
+    int qd = H * hd, kd = Hkv * hd, qkv_n = qd + 2 * kd, half = hd / 2;
+    size_t mi = max_in(M);
+    size_t big = (size_t)n * (qkv_n > 2 * F ? qkv_n : 2 * F);
+    float *h = malloc(sizeof(float) * (size_t)n * mi), *t1 = malloc(sizeof(float) * big);
+    float *t2 = malloc(sizeof(float) * (size_t)n * mi);
+    q8_rows q = {malloc((size_t)n * mi), malloc(sizeof(float) * (size_t)n * mi / QK), malloc(sizeof(int32_t) * (size_t)n * mi / QK), 0};
+    int ok = h && t1 && t2 && q.q && q.d && q.s;
+    for (int l = 0; ok && l < M->n_layer; l++) {
+        const sc_layer *L = &M->layers[l];
+        const uint8_t *mask = L->swa ? mask_swa : mask_global;
+        const float *cs = L->swa ? cos_swa : cos_global, *sn = L->swa ? sin_swa : sin_global;
+        float *K = kc + (size_t)l * Hkv * M->kv_size * hd, *V = vc + (size_t)l * Hkv * M->kv_size * hd;
+        for (int i = 0; i < n; i++) rms_norm(x + (size_t)i * E, L->attn_norm, h + (size_t)i * E, E, M->eps);
+        linear(&L->qkv, n, h, &q, t1, M->isa, nt);
+        for (int i = 0; i < n; i++) {
+            float *r = t1 + (size_t)i * qkv_n;
+            if (L->q_norm) {
+                for (int hh = 0; hh < H; hh++) rms_norm(r + hh * hd, L->q_norm, r + hh * hd, hd, M->eps);
+                for (int hh = 0; hh < Hkv; hh++) rms_norm(r + qd + hh * hd, L->k_norm, r + qd + hh * hd, hd, M->eps);
+            }
+            rope(r, H, hd, cs + (size_t)i * half, sn + (size_t)i * half);
+            rope(r + qd, Hkv, hd, cs + (size_t)i * half, sn + (size_t)i * half);
+            for (int g = 0; g < Hkv; g++) {
+                memcpy(K + ((size_t)g * M->kv_size + cells[i]) * hd, r + qd + g * hd, sizeof(float) * hd);
+                memcpy(V + ((size_t)g * M->kv_size + cells[i]) * hd, r + qd + kd + g * hd, sizeof(float) * hd);
+            }
+        }
+        attention(M, n, t1, qkv_n, K, V, n_kv, mask, t2, nt);
+        linear(&L->wo, n, t2, &q, h, M->isa, nt);
+        for (int i = 0; i < n; i++) {
+            float *o = h + (size_t)i * E, *xi = x + (size_t)i * E;
+            if (L->post_attn_norm) rms_norm(o, L->post_attn_norm, o, E, M->eps);
+            for (int j = 0; j < E; j++) xi[j] += o[j];
+            rms_norm(xi, L->ffn_norm, o, E, M->eps);
+        }
+        linear(&L->gate_up, n, h, &q, t1, M->isa, nt);
+        for (int i = 0; i < n; i++) {
+            const float *g = t1 + (size_t)i * 2 * F, *u = g + F;
+            float *a = t2 + (size_t)i * F;
+            if (M->gelu)
+                for (int j = 0; j < F; j++) a[j] = gelu_tanh(g[j]) * u[j];
+            else
+                for (int j = 0; j < F; j++) a[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+        }
+        linear(&L->down, n, t2, &q, h, M->isa, nt);
+        for (int i = 0; i < n; i++) {
+            float *o = h + (size_t)i * E, *xi = x + (size_t)i * E;
+            if (L->post_ffn_norm) rms_norm(o, L->post_ffn_norm, o, E, M->eps);
+            for (int j = 0; j < E; j++) xi[j] += o[j];
+        }
+    }
+    if (ok) {
+        for (int i = 0; i < n_out; i++) rms_norm(x + (size_t)rows[i] * E, M->output_norm, h + (size_t)i * E, E, M->eps);
+        linear(&M->output, n_out, h, &q, logits, M->isa, nt);
+    }
+    free(h); free(t1); free(t2); free(q.q); free(q.d); free(q.s);
+    return ok ? 0 : -1;
+}
