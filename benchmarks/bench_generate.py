@@ -1,8 +1,11 @@
-"""Prompt processing and decode tokens/s: our runtime against llama.cpp (llama-cpp-python) on the same GGUF.
+"""Prompt processing and decode tokens/s: our runtime against its anchor on the same GGUF, in the same run.
 
-Same machine, same run, 2 threads each, the same prompt tokens and the same sampling parameters (llama.cpp's
-default chain, seed 1234). Decode is timed over ``--n`` generated tokens (EOS ignored); prompt processing over a
-``--prompt-tokens`` batch. Also reported: load time, and sampling's share of our decode step.
+CPU (default): against llama.cpp (llama-cpp-python), 2 threads each, the same prompt tokens and sampling parameters
+(llama.cpp's default chain, seed 1234). Decode is timed over ``--n`` generated tokens (EOS ignored); prompt
+processing over a ``--prompt-tokens`` batch. Also reported: the kernel the runtime chose (and every candidate's
+measured decode step), load time, sampling's share of a decode step, and whether logits are batch-invariant.
+``--device cuda``: single-stream decode (CUDA graphs and eager) and ``--batch`` sequences decoding together
+(aggregate tok/s), against transformers on the same GGUF and GPU (greedy, fp32).
 Run: ``make bench`` (installs llama-cpp-python), or ``python -m benchmarks.bench_generate --gemma``.
 """
 
@@ -12,10 +15,12 @@ import argparse
 import statistics
 import time
 
+import numpy as np
 import torch
 
 from samplechain import SamplingParams
-from samplechain.runtime import load_model, model_path
+from samplechain.runtime import Context, load_model, model_path
+from samplechain.runtime import kernels as K
 
 TEXT = ("The history of the ocean is the history of the planet: its currents carry heat from the equator to the "
         "poles, its depths store carbon for centuries, and its surface sets the weather of every continent. ")
@@ -39,6 +44,21 @@ def ours(name, prompt_tokens, n_decode, repeats):
         tg.append(1e3 * t.n_eval / t.eval_ms)
         share.append(t.sample_ms / t.n_sample / (t.eval_ms / t.n_eval + t.sample_ms / t.n_sample))
     return model, load_s, statistics.median(pp), statistics.median(tg), statistics.median(share), tokens
+
+
+def invariant(model, tokens):
+    """Every row of a 3-sequence batch bitwise equal to the same tokens decoded one at a time."""
+    t = model.transformer
+    tokens = tokens[:12]
+    ctx = Context(t, 256)
+    alone = torch.stack([ctx.decode([tok])[-1] for tok in tokens])
+    ctx = Context(t, 256, n_seq_max=3)
+    rows = []
+    for i, tok in enumerate(tokens):
+        logits = ctx.decode([tokens[-1 - i], tok, tokens[i // 2]], positions=[i, i, i], seq_ids=[1, 0, 2],
+                            outputs=[True] * 3)
+        rows.append(logits[1])
+    return bool(torch.equal(torch.stack(rows), alone))
 
 
 def llama_cpp(path, tokens, n_decode, repeats):
@@ -68,23 +88,117 @@ def llama_cpp(path, tokens, n_decode, repeats):
     return load_s, statistics.median(pp), statistics.median(tg)
 
 
+def cpu(args):
+    names = ["smollm2"] + (["gemma3-270m"] if args.gemma else [])
+    print(f"{'model':>12}  {'what':<22} {'ours':>9} {'llama.cpp':>10} {'ratio':>6}")
+    for name in names:
+        model, load_s, pp, tg, share, tokens = ours(name, args.prompt_tokens, args.n, args.repeats)
+        l_load, l_pp, l_tg = llama_cpp(model_path(name), tokens, args.n, args.repeats)
+        print(f"{name:>12}  {'load s':<22} {load_s:9.2f} {l_load:10.2f} {load_s / l_load:6.2f}")
+        print(f"{name:>12}  {'prompt tok/s':<22} {pp:9.1f} {l_pp:10.1f} {pp / l_pp:6.2f}")
+        print(f"{name:>12}  {'decode tok/s':<22} {tg:9.1f} {l_tg:10.1f} {tg / l_tg:6.2f}")
+        print(f"{name:>12}  {'sampling share':<22} {100 * share:8.1f}%")
+        print(f"{name:>12}  {'kernel':<22} {model.transformer.kernel:>9}")
+        print(f"{name:>12}  {'batch-invariant':<22} {'yes' if invariant(model, tokens) else 'NO':>9}")
+        if args.candidates:
+            trials = K.measure(model.transformer)
+            print(K.report(trials, K.pick(trials).name))
+
+
+# --- CUDA ---------------------------------------------------------------------------------------------------------
+
+def _sync():
+    torch.cuda.synchronize()
+
+
+def cuda_single(model, tokens, n_decode):
+    """Single-stream generation with the default chain (sampled on the CPU), tok/s over the decode steps."""
+    params = SamplingParams(seed=1234, ignore_eos=True)
+    for _ in model.generate(tokens[:8], params, n_predict=8):
+        pass  # graphs captured, cuBLAS warm
+    rates = []
+    for _ in range(3):
+        for _ in model.generate(tokens[:8], params, n_predict=n_decode):
+            pass
+        t = model.timings
+        rates.append(1e3 * t.n_eval / (t.eval_ms + t.sample_ms))
+    return statistics.median(rates)
+
+
+def cuda_batch(model, tokens, batch, n_decode):
+    """`batch` sequences decoding together, greedy on the GPU: aggregate tok/s of the decode steps."""
+    n_prompt = 8
+    ctx = model.new_context(batch * (n_prompt + n_decode + 2), n_seq_max=batch)
+    ctx.decode(np.tile(tokens[:n_prompt], batch), positions=np.tile(np.arange(n_prompt), batch),
+               seq_ids=np.repeat(np.arange(batch), n_prompt).tolist(), outputs=[False] * (batch * n_prompt))
+    nxt = [tokens[n_prompt]] * batch
+    seqs = list(range(batch))
+    times = []
+    for step in range(n_decode):
+        _sync()
+        t0 = time.perf_counter()
+        logits = ctx.decode(nxt, positions=[n_prompt + step] * batch, seq_ids=seqs, outputs=[True] * batch)
+        nxt = logits.argmax(-1).tolist()
+        times.append(time.perf_counter() - t0)
+    return batch / statistics.median(times[2:])
+
+
+def transformers_anchor(tokens, batch, n_decode):
+    try:
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        return None, None
+    import os
+
+    folder, file = os.path.split(model_path("smollm2"))
+    hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32).cuda().eval()
+    rates = []
+    for b in (1, batch):
+        ids = torch.tensor([tokens[:8]] * b, device="cuda")
+        hf.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)
+        _sync()
+        t0 = time.perf_counter()
+        hf.generate(ids, max_new_tokens=n_decode, min_new_tokens=n_decode, do_sample=False)
+        _sync()
+        rates.append(b * n_decode / (time.perf_counter() - t0))
+    return rates[0], rates[1]
+
+
+def cuda(args):
+    graph = load_model(device="cuda", kernel="cuda-graph")
+    tokens = graph.tokenize(TEXT * 4)
+    eager = load_model(device="cuda", kernel="cuda-eager")
+    hf1, hfb = transformers_anchor(tokens, args.batch, args.n)
+    rows = [
+        ("single stream tok/s", cuda_single(graph, tokens, args.n), cuda_single(eager, tokens, args.n), hf1),
+        (f"{args.batch} sequences tok/s", cuda_batch(graph, tokens, args.batch, args.n),
+         cuda_batch(eager, tokens, args.batch, args.n), hfb),
+    ]
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, SmolLM2-135M (fp32 weights)")
+    print(f"{'what':<22} {'cuda-graph':>10} {'eager':>9} {'transformers':>12} {'ratio':>6}")
+    for what, g, e, hf in rows:
+        ratio = f"{g / hf:6.1f}" if hf else f"{'-':>6}"
+        hf_s = f"{hf:12.1f}" if hf else f"{'n/a':>12}"
+        print(f"{what:<22} {g:10.1f} {e:9.1f} {hf_s} {ratio}")
+    trials = K.measure(graph.transformer)
+    print(K.report(trials, K.pick(trials).name))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=64, help="tokens to decode")
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gemma", action="store_true", help="also Gemma 3 270M (262k vocabulary)")
+    parser.add_argument("--candidates", action="store_true", help="time every kernel candidate too")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--batch", type=int, default=64, help="sequences decoding together (cuda)")
     args = parser.parse_args()
-    torch.set_num_threads(2)
-    names = ["smollm2"] + (["gemma3-270m"] if args.gemma else [])
-    print(f"{'model':>12}  {'what':<18} {'ours':>9} {'llama.cpp':>10} {'ratio':>6}")
-    for name in names:
-        _model, load_s, pp, tg, share, tokens = ours(name, args.prompt_tokens, args.n, args.repeats)
-        l_load, l_pp, l_tg = llama_cpp(model_path(name), tokens, args.n, args.repeats)
-        print(f"{name:>12}  {'load s':<18} {load_s:9.2f} {l_load:10.2f} {load_s / l_load:6.2f}")
-        print(f"{name:>12}  {'prompt tok/s':<18} {pp:9.1f} {l_pp:10.1f} {pp / l_pp:6.2f}")
-        print(f"{name:>12}  {'decode tok/s':<18} {tg:9.1f} {l_tg:10.1f} {tg / l_tg:6.2f}")
-        print(f"{name:>12}  {'sampling share':<18} {100 * share:8.1f}%")
+    if args.device == "cuda":
+        cuda(args)
+    else:
+        torch.set_num_threads(2)
+        cpu(args)
 
 
 if __name__ == "__main__":

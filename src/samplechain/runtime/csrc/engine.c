@@ -3,7 +3,7 @@
    Every output value is reduced in one fixed order that does not depend on how many tokens share the call:
    - matrix products keep 16 output rows in SIMD lanes and walk the input in 32-element blocks, one block after the
      other; a block's integer dot product is exact (int32), the float accumulation across blocks is sequential;
-   - the Q4/Q8 kernel variants (AVX-512 VNNI, AVX2, portable C) compute the same exact integer sums and the same
+   - the kernel variants (AVX-512 VNNI, AVX2, portable C) compute the same exact integer sums and the same
      float operations in the same order, so they give the same bits; the runtime times them and keeps the fastest;
    - attention sums over KV cells in cell order; norms reduce in 16 fixed lanes then a fixed tree.
    Compiled with -ffp-contract=off (no implicit FMA) and without -ffast-math (no reassociation); FMAs are explicit.
@@ -12,9 +12,10 @@
    - W4: 4-bit q in [0, 15], w = d*q + m (Q4_0, Q4_1 exactly). Per tile and block: 4 vectors of 64 bytes; vector k,
      lane r holds bytes q[r, 8k+i] | q[r, 8k+4+i] << 4 (i < 4); d, m: float[16] per tile and block.
    - W8: 8-bit signed q, w = d*q (Q8_0, Q5_0 exactly). Per tile and block: 8 vectors; vector k, lane r holds
-     q[r, 4k+i]; d: float[16]; wsum: int32[16], the block sums of q.
+     q[r, 4k+i]; d: float[16].
    - F32: per tile, float[in][16].
-   Activations for W4/W8 are quantized per 32-block to int8 (d = amax/127, q = round(x/d)), as llama.cpp's Q8. */
+   Activations for W4/W8 are quantized per 32-block to int16 (d = amax/32767, q = round(x/d)): llama.cpp's scheme
+   with 16-bit instead of 8-bit activations, which keeps the logits ~100x closer to the dequantized model. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -34,7 +35,7 @@ typedef struct {
     int32_t kind, n_out, n_in, pad;
     const uint8_t *q;     /* W4 / W8 data, or float for F32 */
     const float *d, *m;   /* per tile/block scales (W4: d, m; W8: d) */
-    const int32_t *wsum;  /* W8 block sums */
+    const void *unused;
 } sc_linear;
 
 typedef struct {
@@ -56,11 +57,11 @@ typedef struct {
    activations */
 
 typedef struct {
-    int8_t *q; float *d; int32_t *s;  /* per token: n_in int8, n_in/32 scales and sums */
+    int16_t *q; float *d; int32_t *s;  /* per token: n_in int16, n_in/32 scales and sums */
     int n_in;
-} q8_rows;
+} q16_rows;
 
-static void quantize_row(const float *x, int n, int8_t *q, float *d, int32_t *s) {
+static void quantize_row(const float *x, int n, int16_t *q, float *d, int32_t *s) {
     for (int b = 0; b < n / QK; b++) {
         const float *xb = x + b * QK;
         float amax = 0.0f;
@@ -68,12 +69,13 @@ static void quantize_row(const float *x, int n, int8_t *q, float *d, int32_t *s)
             float a = fabsf(xb[j]);
             amax = a > amax ? a : amax;
         }
-        float db = amax / 127.0f;
-        float id = db != 0.0f ? 127.0f / amax : 0.0f;
+        float db = amax / 32767.0f;
+        float id = db != 0.0f ? 32767.0f / amax : 0.0f;
         int32_t sum = 0;
         for (int j = 0; j < QK; j++) {
             int v = (int)roundf(xb[j] * id);
-            q[b * QK + j] = (int8_t)v;
+            v = v > 32767 ? 32767 : v < -32767 ? -32767 : v;
+            q[b * QK + j] = (int16_t)v;
             sum += v;
         }
         d[b] = db;
@@ -104,9 +106,10 @@ static void rms_norm(const float *x, const float *w, float *y, int n, float eps)
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
-   one tile (16 output rows) x one token: the three variants give the same bits */
+   one tile (16 output rows) x one token: the three variants give the same bits. A block's integer dot product
+   sum_j q_w[j] * q_x[j] is exact in int32 (|q_w| <= 128, |q_x| <= 32767, 32 terms), whatever the order. */
 
-static void tile_generic(const sc_linear *L, int t, const int8_t *xq, const float *xd, const int32_t *xs,
+static void tile_generic(const sc_linear *L, int t, const int16_t *xq, const float *xd, const int32_t *xs,
                          const float *xf, float *out) {
     int nb = L->n_in / QK;
     float acc[TILE] = {0};
@@ -114,35 +117,31 @@ static void tile_generic(const sc_linear *L, int t, const int8_t *xq, const floa
         const float *w = (const float *)L->q + (size_t)t * L->n_in * TILE;
         for (int k = 0; k < L->n_in; k++)
             for (int r = 0; r < TILE; r++) acc[r] = fmaf(w[k * TILE + r], xf[k], acc[r]);
-    } else if (L->kind == SC_W4) {
-        for (int b = 0; b < nb; b++) {
-            size_t blk = (size_t)t * nb + b;
-            const uint8_t *p = L->q + blk * 256;
-            const float *d = L->d + blk * TILE, *m = L->m + blk * TILE;
-            const int8_t *x = xq + b * QK;
-            float ms = xd[b] * (float)xs[b];
-            for (int r = 0; r < TILE; r++) {
-                int32_t isum = 0;
-                for (int k = 0; k < 4; k++)
-                    for (int i = 0; i < 4; i++) {
-                        uint8_t byte = p[64 * k + 4 * r + i];
-                        isum += (byte & 15) * x[8 * k + i] + (byte >> 4) * x[8 * k + 4 + i];
-                    }
-                acc[r] = fmaf((float)isum, d[r] * xd[b], acc[r]);
-                acc[r] = fmaf(m[r], ms, acc[r]);
-            }
-        }
     } else {
         for (int b = 0; b < nb; b++) {
             size_t blk = (size_t)t * nb + b;
-            const int8_t *p = (const int8_t *)L->q + blk * 512;
             const float *d = L->d + blk * TILE;
-            const int8_t *x = xq + b * QK;
-            for (int r = 0; r < TILE; r++) {
-                int32_t isum = 0;
+            const int16_t *x = xq + b * QK;
+            int32_t isum[TILE] = {0};
+            if (L->kind == SC_W4) {
+                const uint8_t *p = L->q + blk * 256;
+                for (int k = 0; k < 4; k++)
+                    for (int r = 0; r < TILE; r++)
+                        for (int i = 0; i < 4; i++) {
+                            uint8_t byte = p[64 * k + 4 * r + i];
+                            isum[r] += (byte & 15) * x[8 * k + i] + (byte >> 4) * x[8 * k + 4 + i];
+                        }
+            } else {
+                const int8_t *p = (const int8_t *)L->q + blk * 512;
                 for (int k = 0; k < 8; k++)
-                    for (int i = 0; i < 4; i++) isum += p[64 * k + 4 * r + i] * x[4 * k + i];
-                acc[r] = fmaf((float)isum, d[r] * xd[b], acc[r]);
+                    for (int r = 0; r < TILE; r++)
+                        for (int i = 0; i < 4; i++) isum[r] += p[64 * k + 4 * r + i] * x[4 * k + i];
+            }
+            for (int r = 0; r < TILE; r++) acc[r] = fmaf((float)isum[r], d[r] * xd[b], acc[r]);
+            if (L->kind == SC_W4) {
+                const float *m = L->m + blk * TILE;
+                float ms = xd[b] * (float)xs[b];
+                for (int r = 0; r < TILE; r++) acc[r] = fmaf(m[r], ms, acc[r]);
             }
         }
     }
@@ -150,8 +149,14 @@ static void tile_generic(const sc_linear *L, int t, const int8_t *xq, const floa
 }
 
 #if defined(__x86_64__)
+static inline int64_t x4(const int16_t *x) { /* four int16 activations as one 64-bit pattern */
+    int64_t v;
+    memcpy(&v, x, 8);
+    return v;
+}
+
 __attribute__((target("avx2,fma")))
-static void tile_avx2(const sc_linear *L, int t, const int8_t *xq, const float *xd, const int32_t *xs,
+static void tile_avx2(const sc_linear *L, int t, const int16_t *xq, const float *xd, const int32_t *xs,
                       const float *xf, float *out) {
     int nb = L->n_in / QK;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
@@ -163,39 +168,37 @@ static void tile_avx2(const sc_linear *L, int t, const int8_t *xq, const float *
             acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k * TILE + 8), xb, acc1);
         }
     } else {
-        const __m256i lo = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+        const __m128i lo = _mm_set1_epi8(15);
         for (int b = 0; b < nb; b++) {
             size_t blk = (size_t)t * nb + b;
-            const int8_t *x = xq + b * QK;
-            __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+            const int16_t *x = xq + b * QK;
+            /* s[c]: rows 4c..4c+3, each row's sum split over two adjacent int32 lanes */
+            __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                            _mm256_setzero_si256()};
             if (L->kind == SC_W4) {
                 const uint8_t *p = L->q + blk * 256;
                 for (int k = 0; k < 4; k++) {
-                    int32_t x0, x1;
-                    memcpy(&x0, x + 8 * k, 4);
-                    memcpy(&x1, x + 8 * k + 4, 4);
-                    __m256i b0 = _mm256_set1_epi32(x0), b1 = _mm256_set1_epi32(x1);
-                    __m256i v0 = _mm256_loadu_si256((const __m256i *)(p + 64 * k));
-                    __m256i v1 = _mm256_loadu_si256((const __m256i *)(p + 64 * k + 32));
-                    __m256i l0 = _mm256_and_si256(v0, lo), h0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), lo);
-                    __m256i l1 = _mm256_and_si256(v1, lo), h1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), lo);
-                    __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(l0, b0), _mm256_maddubs_epi16(h0, b1));
-                    __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(l1, b0), _mm256_maddubs_epi16(h1, b1));
-                    s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(p0, ones));
-                    s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(p1, ones));
+                    __m256i xl = _mm256_set1_epi64x(x4(x + 8 * k)), xh = _mm256_set1_epi64x(x4(x + 8 * k + 4));
+                    for (int c = 0; c < 4; c++) {
+                        __m128i v = _mm_loadu_si128((const __m128i *)(p + 64 * k + 16 * c));
+                        __m256i wl = _mm256_cvtepu8_epi16(_mm_and_si128(v, lo));
+                        __m256i wh = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), lo));
+                        s[c] = _mm256_add_epi32(s[c], _mm256_add_epi32(_mm256_madd_epi16(wl, xl),
+                                                                       _mm256_madd_epi16(wh, xh)));
+                    }
                 }
             } else {
-                const int8_t *p = (const int8_t *)L->q + blk * 512;
+                const uint8_t *p = L->q + blk * 512;
                 for (int k = 0; k < 8; k++) {
-                    int32_t x0;
-                    memcpy(&x0, x + 4 * k, 4);
-                    __m256i xb = _mm256_set1_epi32(x0), ax = _mm256_sign_epi8(xb, xb);
-                    __m256i v0 = _mm256_loadu_si256((const __m256i *)(p + 64 * k));
-                    __m256i v1 = _mm256_loadu_si256((const __m256i *)(p + 64 * k + 32));
-                    s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(v0, xb)), ones));
-                    s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(v1, xb)), ones));
+                    __m256i xb = _mm256_set1_epi64x(x4(x + 4 * k));
+                    for (int c = 0; c < 4; c++) {
+                        __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 64 * k + 16 * c)));
+                        s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(w, xb));
+                    }
                 }
             }
+            __m256i s0 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s[0], s[1]), 0xD8);
+            __m256i s1 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s[2], s[3]), 0xD8);
             __m256 dx = _mm256_set1_ps(xd[b]);
             const float *d = L->d + blk * TILE;
             acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(_mm256_loadu_ps(d), dx), acc0);
@@ -213,56 +216,52 @@ static void tile_avx2(const sc_linear *L, int t, const int8_t *xq, const float *
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
-static void tile_avx512vnni(const sc_linear *L, int t, const int8_t *xq, const float *xd, const int32_t *xs,
+static void tile_avx512vnni(const sc_linear *L, int t, const int16_t *xq, const float *xd, const int32_t *xs,
                             const float *xf, float *out) {
     int nb = L->n_in / QK;
     __m512 acc = _mm512_setzero_ps();
     if (L->kind == SC_F32) {
         const float *w = (const float *)L->q + (size_t)t * L->n_in * TILE;
         for (int k = 0; k < L->n_in; k++) acc = _mm512_fmadd_ps(_mm512_loadu_ps(w + k * TILE), _mm512_set1_ps(xf[k]), acc);
-    } else if (L->kind == SC_W4) {
-        const __m512i lo = _mm512_set1_epi8(15);
-        for (int b = 0; b < nb; b++) {
-            size_t blk = (size_t)t * nb + b;
-            const uint8_t *p = L->q + blk * 256;
-            const int8_t *x = xq + b * QK;
-            __m512i s = _mm512_setzero_si512();
-            for (int k = 0; k < 4; k++) {
-                int32_t x0, x1;
-                memcpy(&x0, x + 8 * k, 4);
-                memcpy(&x1, x + 8 * k + 4, 4);
-                __m512i v = _mm512_loadu_si512(p + 64 * k);
-                s = _mm512_dpbusd_epi32(s, _mm512_and_si512(v, lo), _mm512_set1_epi32(x0));
-                s = _mm512_dpbusd_epi32(s, _mm512_and_si512(_mm512_srli_epi16(v, 4), lo), _mm512_set1_epi32(x1));
-            }
-            const float *d = L->d + blk * TILE, *m = L->m + blk * TILE;
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_loadu_ps(d), _mm512_set1_ps(xd[b])), acc);
-            acc = _mm512_fmadd_ps(_mm512_loadu_ps(m), _mm512_set1_ps(xd[b] * (float)xs[b]), acc);
-        }
     } else {
-        const __m512i off = _mm512_set1_epi8((char)0x80);
+        const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+        const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+        const __m256i lo = _mm256_set1_epi8(15);
         for (int b = 0; b < nb; b++) {
             size_t blk = (size_t)t * nb + b;
-            const uint8_t *p = L->q + blk * 512;
-            const int8_t *x = xq + b * QK;
-            __m512i s = _mm512_setzero_si512();
-            for (int k = 0; k < 8; k++) {
-                int32_t x0;
-                memcpy(&x0, x + 4 * k, 4);
-                /* (x + 128) as unsigned times signed q; the 128 * sum(q) term is taken off below */
-                __m512i xu = _mm512_xor_si512(_mm512_set1_epi32(x0), off);
-                s = _mm512_dpbusd_epi32(s, xu, _mm512_loadu_si512(p + 64 * k));
+            const int16_t *x = xq + b * QK;
+            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();  /* rows 0-7, 8-15 (lane pairs) */
+            if (L->kind == SC_W4) {
+                const uint8_t *p = L->q + blk * 256;
+                for (int k = 0; k < 4; k++) {
+                    __m512i xl = _mm512_set1_epi64(x4(x + 8 * k)), xh = _mm512_set1_epi64(x4(x + 8 * k + 4));
+                    __m256i v0 = _mm256_loadu_si256((const __m256i *)(p + 64 * k));
+                    __m256i v1 = _mm256_loadu_si256((const __m256i *)(p + 64 * k + 32));
+                    s0 = _mm512_dpwssd_epi32(s0, _mm512_cvtepu8_epi16(_mm256_and_si256(v0, lo)), xl);
+                    s0 = _mm512_dpwssd_epi32(s0, _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(v0, 4), lo)), xh);
+                    s1 = _mm512_dpwssd_epi32(s1, _mm512_cvtepu8_epi16(_mm256_and_si256(v1, lo)), xl);
+                    s1 = _mm512_dpwssd_epi32(s1, _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(v1, 4), lo)), xh);
+                }
+            } else {
+                const uint8_t *p = L->q + blk * 512;
+                for (int k = 0; k < 8; k++) {
+                    __m512i xb = _mm512_set1_epi64(x4(x + 4 * k));
+                    s0 = _mm512_dpwssd_epi32(s0, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p + 64 * k))), xb);
+                    s1 = _mm512_dpwssd_epi32(s1, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p + 64 * k + 32))), xb);
+                }
             }
-            s = _mm512_sub_epi32(s, _mm512_slli_epi32(_mm512_loadu_si512(L->wsum + blk * TILE), 7));
+            __m512i s = _mm512_add_epi32(_mm512_permutex2var_epi32(s0, even, s1), _mm512_permutex2var_epi32(s0, odd, s1));
             const float *d = L->d + blk * TILE;
             acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_loadu_ps(d), _mm512_set1_ps(xd[b])), acc);
+            if (L->kind == SC_W4)
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(L->m + blk * TILE), _mm512_set1_ps(xd[b] * (float)xs[b]), acc);
         }
     }
     _mm512_storeu_ps(out, acc);
 }
 #endif
 
-typedef void (*tile_fn)(const sc_linear *, int, const int8_t *, const float *, const int32_t *, const float *, float *);
+typedef void (*tile_fn)(const sc_linear *, int, const int16_t *, const float *, const int32_t *, const float *, float *);
 
 static tile_fn tile_kernel(int isa) {
 #if defined(__x86_64__)
@@ -285,7 +284,7 @@ int sc_isa_supported(int isa) {
 }
 
 /* y[n, n_out] = x[n, n_in] @ W.T; x given as float (F32) or quantized rows */
-static void matmul(const sc_linear *L, int n, const float *xf, const q8_rows *xq, float *y, int isa, int nt) {
+static void matmul(const sc_linear *L, int n, const float *xf, const q16_rows *xq, float *y, int isa, int nt) {
     tile_fn f = tile_kernel(isa);
     int tiles = L->n_out / TILE, nbq = L->n_in / QK;
     #pragma omp parallel for schedule(static) num_threads(nt)
@@ -296,7 +295,7 @@ static void matmul(const sc_linear *L, int n, const float *xf, const q8_rows *xq
               y + (size_t)i * L->n_out + t * TILE);
 }
 
-static void quantize_rows(const float *x, int n, int n_in, q8_rows *out, int nt) {
+static void quantize_rows(const float *x, int n, int n_in, q16_rows *out, int nt) {
     out->n_in = n_in;
     #pragma omp parallel for schedule(static) num_threads(nt) if (n > 1)
     for (int i = 0; i < n; i++)
@@ -305,16 +304,16 @@ static void quantize_rows(const float *x, int n, int n_in, q8_rows *out, int nt)
 }
 
 /* y = L(x), quantizing x first when the weights are quantized */
-static void linear(const sc_linear *L, int n, const float *x, q8_rows *scratch, float *y, int isa, int nt) {
+static void linear(const sc_linear *L, int n, const float *x, q16_rows *scratch, float *y, int isa, int nt) {
     if (L->kind != SC_F32) quantize_rows(x, n, L->n_in, scratch, nt);
     matmul(L, n, x, scratch, y, isa, nt);
 }
 
 /* exposed for tests and kernel timing: one linear on float rows */
 int sc_linear_forward(const sc_linear *L, int n, const float *x, float *y, int isa, int nt) {
-    q8_rows q = {0};
+    q16_rows q = {0};
     if (L->kind != SC_F32) {
-        q.q = malloc((size_t)n * L->n_in);
+        q.q = malloc(sizeof(int16_t) * (size_t)n * L->n_in);
         q.d = malloc(sizeof(float) * (size_t)n * (L->n_in / QK));
         q.s = malloc(sizeof(int32_t) * (size_t)n * (L->n_in / QK));
         if (!q.q || !q.d || !q.s) { free(q.q); free(q.d); free(q.s); return -1; }
@@ -396,7 +395,7 @@ int sc_forward(const sc_model *M, int n, float *x, const int64_t *cells, int n_k
     size_t big = (size_t)n * (qkv_n > 2 * F ? qkv_n : 2 * F);
     float *h = malloc(sizeof(float) * (size_t)n * mi), *t1 = malloc(sizeof(float) * big);
     float *t2 = malloc(sizeof(float) * (size_t)n * mi);
-    q8_rows q = {malloc((size_t)n * mi), malloc(sizeof(float) * (size_t)n * mi / QK), malloc(sizeof(int32_t) * (size_t)n * mi / QK), 0};
+    q16_rows q = {malloc(sizeof(int16_t) * (size_t)n * mi), malloc(sizeof(float) * (size_t)n * mi / QK), malloc(sizeof(int32_t) * (size_t)n * mi / QK), 0};
     int ok = h && t1 && t2 && q.q && q.d && q.s;
     for (int l = 0; ok && l < M->n_layer; l++) {
         const sc_layer *L = &M->layers[l];

@@ -1,0 +1,93 @@
+"""The decode step on CUDA as replayed CUDA graphs over a static KV cache (gpt-fast's approach).
+
+A 135M model's decode step is hundreds of tiny kernels: launched one by one from Python it is bound by launch
+latency, not by the GPU. Here each batch-size bucket (1, 2, 4, ... ``max_batch``) is captured once per KV cache as
+one graph: static input buffers (tokens, positions, cells, attention masks over every cell of the cache), the
+same ``Transformer.hidden`` as the eager path, attention over the whole cache with masked cells. A step copies its
+inputs into the bucket's buffers and replays the graph. Padding rows write their keys/values to the cache's spare
+cell and attend only to it. Larger batches (prompts) run eagerly: they are bound by arithmetic, not launches.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import torch
+
+from samplechain.runtime.kv_cache import KVCache
+from samplechain.runtime.model import Transformer
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class _Graph:
+    """One captured step for batches of up to ``size`` tokens on one cache."""
+
+    def __init__(self, t: Transformer, cache: KVCache, size: int, pool: object) -> None:
+        dev, cells_total = t.device, cache.k.shape[2]
+        self.size, self.spare = size, cells_total - 1
+        self.tokens = torch.zeros(size, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(size, dtype=torch.int64, device=dev)
+        self.cells = torch.full((size,), self.spare, dtype=torch.int64, device=dev)
+        windows = {t.layer_window(i) for i in range(t.config.n_layer)}
+        self.masks = {w: torch.zeros(size, cells_total, dtype=torch.bool, device=dev) for w in windows}
+        self.host_masks = {w: torch.zeros(size, cells_total, dtype=torch.bool).pin_memory() for w in windows}
+        self.host_ints = torch.zeros(3, size, dtype=torch.int64).pin_memory()
+        for m in self.masks.values():
+            m[:, self.spare] = True
+        stream = torch.cuda.Stream(dev)
+        stream.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for _ in range(2):  # warm-up outside the graph (allocator, cuBLAS handles)
+                self._step(t, cache)
+        torch.cuda.current_stream(dev).wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool), torch.inference_mode():
+            self.logits = self._step(t, cache)
+
+    def _step(self, t: Transformer, cache: KVCache) -> torch.Tensor:
+        x = t.hidden(cache, self.tokens, self.positions, self.cells, self.masks, cache.k.shape[2])
+        return t.logits(x)
+
+    def run(self, tokens: np.ndarray, positions: np.ndarray, cells: np.ndarray, n_kv: int,
+            masks: dict[int | None, np.ndarray], rows: np.ndarray) -> torch.Tensor:
+        n = len(tokens)
+        torch.cuda.current_stream(self.tokens.device).synchronize()  # the previous step has read the host buffers
+        ints = self.host_ints.numpy()
+        ints[0, :n], ints[1, :n], ints[2, :n] = tokens, positions, cells
+        ints[:, n:] = 0
+        ints[2, n:] = self.spare
+        for w, host in self.host_masks.items():
+            h = host.numpy()
+            h[:] = False
+            h[:n, :n_kv] = masks[w]
+            h[n:, self.spare] = True
+            self.masks[w].copy_(host, non_blocking=True)
+        self.tokens.copy_(self.host_ints[0], non_blocking=True)
+        self.positions.copy_(self.host_ints[1], non_blocking=True)
+        self.cells.copy_(self.host_ints[2], non_blocking=True)
+        self.graph.replay()
+        return self.logits[torch.from_numpy(rows).to(self.logits.device, non_blocking=True)]
+
+
+class CudaGraphEngine:
+    """Replays one captured graph per (KV cache, batch bucket); batches above ``max_batch`` run eagerly."""
+
+    def __init__(self, max_batch: int = 64) -> None:
+        self.buckets = tuple(b for b in BUCKETS if b <= max_batch)
+        self._graphs: weakref.WeakKeyDictionary[KVCache, dict[int, _Graph]] = weakref.WeakKeyDictionary()
+        self._pool: object | None = None
+
+    def compute(self, transformer: Transformer, cache: KVCache, tokens: np.ndarray, positions: np.ndarray,
+                cells: np.ndarray, n_kv: int, masks: dict[int | None, np.ndarray], rows: np.ndarray) -> torch.Tensor:
+        n = len(tokens)
+        if n > self.buckets[-1] or cache.k.shape[2] != cache.size + 1:
+            return transformer.compute(transformer, cache, tokens, positions, cells, n_kv, masks, rows)
+        size = next(b for b in self.buckets if b >= n)
+        graphs = self._graphs.setdefault(cache, {})
+        if size not in graphs:
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graphs[size] = _Graph(transformer, cache, size, self._pool)
+        return graphs[size].run(tokens, positions, cells, n_kv, masks, rows)  # a gather: a tensor of its own

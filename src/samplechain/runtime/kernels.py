@@ -1,0 +1,221 @@
+"""Which forward a model runs on this machine, chosen by timing, never from a CPU flag.
+
+On CUDA the candidates are ``cuda-graph`` (decode steps replayed as CUDA graphs) and ``cuda-eager``.
+
+Candidates on the CPU: the compiled engine's kernel variants (``c-avx512vnni``, ``c-avx2``, ``c-generic``: the same
+bits, batch-invariant) and torch's paths (``torch-int4-f32``, ``torch-int4-bf16``: torch's int4 kernel with float32 or
+bfloat16 activations; ``torch-dense``: the dequantized reference). At first use for a machine and model shape every
+candidate this CPU can run is timed on decode steps and checked against the dequantized reference; the fastest
+batch-invariant candidate within the accuracy bound is kept (torch's paths only when no compiled engine can be
+built). The choice is cached in ``<cache dir>/kernels.json``; ``SAMPLECHAIN_KERNEL=name`` overrides it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from samplechain.runtime import cpu_engine
+from samplechain.runtime.cpu_engine import CEngine, EngineUnavailable
+from samplechain.runtime.model import Transformer
+
+# A candidate's logits may differ from the dequantized reference by this fraction of the reference's largest |logit|
+# (llama.cpp's own 8-bit activations reach ~5% on SmolLM2 text; top-1 agreement is reported, not required: on the
+# calibration ids, which are not text, many positions are close calls).
+ACCURACY_BOUND = 0.08
+CALIBRATION = np.array([1, 504, 3458, 2365, 1790, 260, 15451, 5346, 253, 2756, 28, 837, 314, 30, 216, 40],
+                       dtype=np.int64)
+DECODE_STEPS = 6
+
+
+def _c(isa: str) -> Callable[[Transformer], Transformer]:
+    return lambda t: t.with_engine(CEngine(t, isa), f"c-{isa}")
+
+
+def _cuda_graph(t: Transformer) -> Transformer:
+    from samplechain.runtime.cuda_graphs import CudaGraphEngine
+
+    return t.with_engine(CudaGraphEngine(), "cuda-graph")
+
+
+CUDA_CANDIDATES: dict[str, tuple[Callable[[Transformer], Transformer], bool]] = {
+    "cuda-graph": (_cuda_graph, False),
+    "cuda-eager": (lambda t: t.with_engine(None, "cuda-eager"), False),
+}
+CPU_CANDIDATES: dict[str, tuple[Callable[[Transformer], Transformer], bool]] = {
+    # name: (build, batch-invariant)
+    "c-avx512vnni": (_c("avx512vnni"), True),
+    "c-avx2": (_c("avx2"), True),
+    "c-generic": (_c("generic"), True),
+    "torch-int4-f32": (lambda t: t.with_int4_dtype(torch.float32), False),
+    "torch-int4-bf16": (lambda t: t.with_int4_dtype(torch.bfloat16), False),
+    "torch-dense": (lambda t: t.dense(), False),
+}
+
+
+@dataclass
+class Trial:
+    name: str
+    decode_ms: float | None = None
+    error: float | None = None
+    agreement: float | None = None
+    invariant: bool = False
+    problem: str | None = None
+
+    @property
+    def eligible(self) -> bool:
+        return self.problem is None and self.decode_ms is not None
+
+
+def shape_key(t: Transformer) -> str:
+    c = t.config
+    kinds = sorted({"q4" if lin.q4 is not None else "q8" if lin.q8 is not None else "f32"
+                    for layer in t.layers for lin in (layer.qkv, layer.wo, layer.gate_up, layer.down)})
+    return (f"{c.arch} L{c.n_layer} E{c.n_embd} H{c.n_head}/{c.n_head_kv}x{c.head_dim} F{c.n_ff} V{c.n_vocab} "
+            f"{'+'.join(kinds)}")
+
+
+def candidates(t: Transformer) -> dict[str, tuple[Callable[[Transformer], Transformer], bool]]:
+    return CUDA_CANDIDATES if t.device.type == "cuda" else CPU_CANDIDATES
+
+
+def cache_key(t: Transformer) -> str:
+    where = (f"cuda {torch.cuda.get_device_name(t.device)}" if t.device.type == "cuda"
+             else f"threads {torch.get_num_threads()}")
+    return (f"{cpu_engine.machine_id()} | {cpu_engine.source_hash()} | torch {torch.__version__} | "
+            f"{where} | {shape_key(t)}")
+
+
+def _cache_file() -> str:
+    return os.path.join(cpu_engine.cache_dir(), "kernels.json")
+
+
+def _read_cache() -> dict:
+    try:
+        with open(_cache_file()) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(key: str, entry: dict) -> None:
+    data = _read_cache()
+    data[key] = entry
+    os.makedirs(os.path.dirname(_cache_file()), exist_ok=True)
+    tmp = f"{_cache_file()}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, _cache_file())
+
+
+def build_candidate(t: Transformer, name: str) -> Transformer:
+    """``t`` running on kernel ``name`` (ValueError for an unknown name, EngineUnavailable where it cannot run)."""
+    table = candidates(t)
+    if name not in table:
+        raise ValueError(f"unknown kernel {name!r} for {t.device.type}; one of: {', '.join(table)}")
+    return table[name][0](t)
+
+
+def _logits(t: Transformer, tokens: np.ndarray) -> torch.Tensor:
+    cache = t.new_cache(64)
+    n = len(tokens)
+    return t.forward(cache, tokens, np.arange(n), [(0,)] * n, np.ones(n, dtype=bool))
+
+
+def trial(t: Transformer, name: str, reference: torch.Tensor, budget_ms: float | None = None) -> Trial:
+    """Accuracy against ``reference`` and the median decode step of candidate ``name``."""
+    result = Trial(name, invariant=candidates(t)[name][1])
+    try:
+        cand = build_candidate(t, name)
+    except EngineUnavailable as e:
+        result.problem = str(e)
+        return result
+    tokens = CALIBRATION % t.config.n_vocab
+    logits = _logits(cand, tokens)
+    scale = float(reference.abs().max())
+    result.error = float((logits - reference).abs().max()) / scale
+    result.agreement = float((logits.argmax(-1) == reference.argmax(-1)).float().mean())
+    if not result.error <= ACCURACY_BOUND:
+        result.problem = f"outside the accuracy bound (error {result.error:.3f} > {ACCURACY_BOUND})"
+    cache = cand.new_cache(64)
+    n = len(tokens)
+    cand.forward(cache, tokens, np.arange(n), [(0,)] * n, np.arange(n) == n - 1)
+    times = []
+    for i in range(DECODE_STEPS):
+        start = time.perf_counter()
+        cand.forward(cache, tokens[i:i + 1], np.array([n + i]), [(0,)], np.ones(1, dtype=bool))
+        if t.device.type == "cuda":
+            torch.cuda.synchronize(t.device)
+        times.append((time.perf_counter() - start) * 1e3)
+        if budget_ms is not None and times[-1] > budget_ms:
+            break  # far slower than the best so far: no need for a precise number
+    result.decode_ms = statistics.median(times[1:] or times)
+    return result
+
+
+def measure(t: Transformer) -> list[Trial]:
+    """Every candidate for the model's device timed and checked (the fastest first)."""
+    has_q4 = any(lin.q4 is not None for layer in t.layers for lin in (layer.qkv, layer.gate_up))
+    names = [n for n in candidates(t) if has_q4 or not n.startswith("torch-int4")]
+    reference = _logits(t.dense(), CALIBRATION % t.config.n_vocab)
+    trials: list[Trial] = []
+    for name in names:
+        best = min((r.decode_ms for r in trials if r.eligible), default=None)
+        trials.append(trial(t, name, reference, None if best is None else 5 * best))
+    return sorted(trials, key=lambda r: (r.decode_ms is None, r.decode_ms or 0.0))
+
+
+def pick(trials: list[Trial]) -> Trial:
+    """The fastest batch-invariant candidate within the bound, else the fastest within the bound."""
+    ok = [r for r in trials if r.eligible]
+    if not ok:
+        raise EngineUnavailable("no CPU kernel candidate met the accuracy bound")
+    invariant = [r for r in ok if r.invariant]
+    return min(invariant or ok, key=lambda r: r.decode_ms)  # type: ignore[arg-type, return-value]
+
+
+def choose_kernel(t: Transformer, name: str | None = None, *, verbose: bool = False) -> Transformer:
+    """``t`` on its kernel: ``name``, else ``$SAMPLECHAIN_KERNEL``, else this machine's cached or measured choice."""
+    name = name or os.environ.get("SAMPLECHAIN_KERNEL") or None
+    if name is not None:
+        try:
+            return build_candidate(t, name)
+        except EngineUnavailable as e:
+            raise ValueError(f"kernel {name!r} cannot run here: {e}") from None
+    key = cache_key(t)
+    cached = _read_cache().get(key)
+    if isinstance(cached, dict) and cached.get("kernel") in candidates(t):
+        try:
+            return build_candidate(t, cached["kernel"])
+        except EngineUnavailable:
+            pass  # e.g. the compiler went away: measure again
+    trials = measure(t)
+    best = pick(trials)
+    if not best.invariant and t.device.type == "cpu":
+        print(f"warning: no compiled CPU engine here; {best.name} is not batch-invariant", file=sys.stderr)
+    _write_cache(key, {"kernel": best.name, "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
+                       "decode_ms": {r.name: r.decode_ms for r in trials},
+                       "problems": {r.name: r.problem for r in trials if r.problem}})
+    if verbose:
+        print(report(trials, best.name), file=sys.stderr)
+    return build_candidate(t, best.name)
+
+
+def report(trials: list[Trial], chosen: str) -> str:
+    lines = [f"{'kernel':<16} {'decode ms':>9} {'error':>7} {'top-1':>6}  invariant"]
+    for r in trials:
+        ms = f"{r.decode_ms:9.2f}" if r.decode_ms is not None else f"{'-':>9}"
+        err = f"{r.error:7.3f}" if r.error is not None else f"{'-':>7}"
+        agree = f"{r.agreement:6.2f}" if r.agreement is not None else f"{'-':>6}"
+        mark = " <- chosen" if r.name == chosen else f"  ({r.problem})" if r.problem else ""
+        lines.append(f"{r.name:<16} {ms} {err} {agree}  {'yes' if r.invariant else 'no':<9}{mark}")
+    return "\n".join(lines)

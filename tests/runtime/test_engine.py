@@ -1,0 +1,203 @@
+"""The compiled CPU engine: batch-invariant logits, identical kernel variants, closeness to the dequantized path,
+exact weight forms; the kernel choice by measurement, its cache and its override."""
+
+import numpy as np
+import pytest
+import torch
+
+from samplechain.cli import main
+from samplechain.runtime import Context, load_model
+from samplechain.runtime import kernels as K
+from samplechain.runtime.cpu_engine import CEngine, EngineUnavailable, supported_isas
+from samplechain.runtime.generation import resolve_device
+from samplechain.runtime.weights import q4_unpack, q8_unpack
+
+TEXT = {
+    "smollm2": "The quick brown fox jumps over the lazy dog. In 1492, Columbus sailed the ocean blue",
+    "gemma3-270m": "Il était une fois une princesse qui vivait dans un château. 東京は日本の首都です。",
+}
+OTHER = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n# and more text here"
+
+
+@pytest.fixture(scope="module", params=["smollm2", "gemma3-270m"])
+def engine_model(request, smol, gemma):
+    model = smol if request.param == "smollm2" else gemma
+    t = model.transformer
+    return request.param, model, t.with_engine(CEngine(t, supported_isas()[-1]), "c-test")
+
+
+def _alone(t, tokens, n_ctx=256):
+    ctx = Context(t, n_ctx)
+    return torch.stack([ctx.decode([tok])[-1] for tok in tokens])
+
+
+def test_default_cpu_kernel_is_the_compiled_engine(smol, gemma):
+    assert smol.transformer.kernel.startswith("c-") and gemma.transformer.kernel.startswith("c-")
+    assert smol.timings.kernel == smol.transformer.kernel
+    assert f"kernel = {smol.transformer.kernel}" in smol.timings.report()
+
+
+@pytest.mark.parametrize("batch", [3, 17])
+def test_logits_are_batch_invariant(engine_model, batch):
+    """A token's logits are bitwise the same alone, inside its own prompt batch, and beside `batch - 1` other
+    sequences at other positions (every row of the batch is an output)."""
+    name, model, t = engine_model
+    tokens = model.tokenize(TEXT[name])[:20]
+    others = model.tokenize(OTHER * 2)
+    alone = _alone(t, tokens)
+    prompt = Context(t, 256).decode(tokens, outputs=[True] * len(tokens))
+    assert torch.equal(prompt, alone)
+    ctx = Context(t, 512, n_seq_max=batch)
+    rows = []
+    for i, tok in enumerate(tokens):
+        toks, pos, seqs = [], [], []
+        for s in range(1, batch):  # neighbours at other positions, some several tokens per step
+            for j in range(1 + (s + i) % 2):
+                toks.append(others[(7 * s + 2 * i + j) % len(others)])
+                pos.append(ctx.seq_pos_max(s) + 1 + j)
+                seqs.append(s)
+        where = (i * 5) % (len(toks) + 1)
+        toks.insert(where, tok)
+        pos.insert(where, i)
+        seqs.insert(where, 0)
+        logits = ctx.decode(toks, positions=pos, seq_ids=seqs, outputs=[True] * len(toks))
+        rows.append(logits[where])
+    assert torch.equal(torch.stack(rows), alone)
+
+
+def test_split_batches_equal_one_batch(engine_model):
+    name, model, t = engine_model
+    tokens = model.tokenize(TEXT[name])
+    one = Context(t, 256).decode(tokens, outputs=[True] * len(tokens))
+    split = Context(t, 256, n_batch=5).decode(tokens, outputs=[True] * len(tokens))
+    assert torch.equal(one, split)
+
+
+def test_kernel_variants_give_the_same_bits(engine_model):
+    name, model, t = engine_model
+    tokens = model.tokenize(TEXT[name])[:12]
+    results = [Context(t.with_engine(CEngine(t, isa), isa), 64).decode(tokens, outputs=[True] * len(tokens))
+               for isa in supported_isas()]
+    assert len(results) >= 1 and "generic" in supported_isas()
+    for r in results[1:]:
+        assert torch.equal(r, results[0])
+
+
+def test_close_to_the_dequantized_reference(engine_model):
+    """16-bit activations: far inside the accuracy bound, and the top token of the dequantized model."""
+    name, model, t = engine_model
+    tokens = model.tokenize(TEXT[name])
+    ours = Context(t, 256).decode(tokens, outputs=[True] * len(tokens))
+    ref = Context(t.dense(), 256).decode(tokens, outputs=[True] * len(tokens))
+    assert (ours - ref).abs().max().item() <= 0.002 * ref.abs().max().item() < K.ACCURACY_BOUND
+    assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+
+
+def test_linear_kernel_matches_its_definition(smol):
+    """One linear: activations quantized to int16 per 32-block (d = amax/32767), integer block dot products, exact
+    against a float64 evaluation of the same definition up to float32 accumulation."""
+    lin = smol.transformer.layers[3].gate_up
+    x = np.random.default_rng(0).standard_normal((5, 576)).astype(np.float32)
+    blocks = x.reshape(5, -1, 32)
+    amax = np.abs(blocks).max(-1, keepdims=True)
+    d = amax / np.float32(32767)
+    xq = np.round(blocks * (np.float32(32767) / amax)).astype(np.float64)
+    q, wd, wm = lin.q4
+    w = (q.reshape(q.shape[0], -1, 32).astype(np.float64) * wd[..., None] + wm[..., None])
+    want = np.einsum("ibk,obk->io", xq * d, w)
+    for isa in supported_isas():
+        got = CEngine(smol.transformer, isa).linear(lin, x)
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
+
+
+def test_8bit_forms_are_exact(gemma):
+    """Q8_0 and Q5_0 kept as int8 with per-block scales equal the gguf package's dequantization."""
+    g = gemma.gguf
+    for kind in ("Q8_0", "Q5_0"):
+        name = next(n for n in g.tensors if g.info(n).type_name == kind and n.startswith("blk."))
+        q, d = q8_unpack(g.raw(name), kind)
+        w = q.astype(np.float32).reshape(q.shape[0], -1, 32) * d[..., None]
+        np.testing.assert_array_equal(w.reshape(q.shape), g.dequantize(name).reshape(q.shape))
+
+
+def test_4bit_form_is_exact(smol):
+    g = smol.gguf
+    q, d, m = q4_unpack(g.raw("blk.0.ffn_up.weight"), "Q4_1")
+    w = q.astype(np.float32).reshape(q.shape[0], -1, 32) * d[..., None] + m[..., None]
+    np.testing.assert_allclose(w.reshape(q.shape), g.dequantize("blk.0.ffn_up.weight").reshape(q.shape),
+                               rtol=0, atol=1e-6)
+
+
+def test_unknown_variant_and_cuda_tensors_are_refused(smol):
+    with pytest.raises(ValueError, match="unknown kernel variant"):
+        CEngine(smol.transformer, "avx1024")
+
+
+# --- the choice by measurement ------------------------------------------------------------------------------------
+
+@pytest.fixture
+def kernel_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SAMPLECHAIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("SAMPLECHAIN_KERNEL", raising=False)
+    return tmp_path
+
+
+def test_choice_is_measured_once_and_cached(smol, kernel_cache, monkeypatch):
+    base = smol.transformer
+    chosen = K.choose_kernel(base)
+    entry = next(iter(K._read_cache().values()))
+    assert entry["kernel"] == chosen.kernel
+    assert chosen.kernel.startswith("c-")  # the batch-invariant engine wins here
+    timed = entry["decode_ms"]
+    assert set(timed) == set(K.CPU_CANDIDATES)
+    assert timed[chosen.kernel] == min(timed[n] for n in timed if n.startswith("c-"))
+
+    def no_measuring(_t):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(K, "measure", no_measuring)
+    assert K.choose_kernel(base).kernel == chosen.kernel
+
+
+def test_pick_prefers_invariant_candidates_within_the_bound():
+    trials = [K.Trial("torch-int4-bf16", 1.0, 0.01), K.Trial("c-avx2", 2.0, 0.02, invariant=True),
+              K.Trial("c-generic", 1.5, 0.5, invariant=True, problem="outside the accuracy bound")]
+    assert K.pick(trials).name == "c-avx2"
+    assert K.pick(trials[:1]).name == "torch-int4-bf16"
+    with pytest.raises(EngineUnavailable):
+        K.pick(trials[2:])
+    assert "<- chosen" in K.report(trials, "c-avx2")
+
+
+def test_environment_overrides_the_choice(smol, kernel_cache, monkeypatch):
+    monkeypatch.setenv("SAMPLECHAIN_KERNEL", "torch-int4-bf16")
+    t = K.choose_kernel(smol.transformer)
+    assert t.kernel == "torch-int4-bf16" and t.engine is None
+    monkeypatch.setenv("SAMPLECHAIN_KERNEL", "c-generic")
+    assert K.choose_kernel(smol.transformer).kernel == "c-generic"
+    monkeypatch.setenv("SAMPLECHAIN_KERNEL", "fastest-please")
+    with pytest.raises(ValueError, match="unknown kernel 'fastest-please'"):
+        K.choose_kernel(smol.transformer)
+
+
+def test_load_model_kernel_argument_and_cli(kernel_cache, capsys):
+    model = load_model(kernel="torch-dense")
+    assert model.transformer.kernel == "torch-dense"
+    assert main(["generate", "-p", "Hi", "-n", "2", "--kernel", "nope"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown kernel 'nope'" in err
+
+
+@pytest.mark.parametrize("device, message", [("tpu", "not supported|unknown device"), ("cuda:x", "unknown device")])
+def test_bad_devices_are_one_line_errors(device, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_device(device)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_cuda_is_a_clear_error(capsys):
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        resolve_device("cuda")
+    assert main(["generate", "-p", "Hi", "-n", "2", "--device", "cuda"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "CUDA is not available" in err
