@@ -34,10 +34,10 @@ def test_cuda_logits_match_the_cpu_reference(cuda_model, smol):
 @pytest.mark.parametrize("batch", [1, 3, 17])
 def test_graph_steps_equal_eager_steps(cuda_model, eager, batch):
     """Decode steps of `batch` sequences (padded to a bucket) replayed from graphs: the eager logits."""
-    tokens = cuda_model.tokenize(PROMPT)
+    tokens = list(np.resize(cuda_model.tokenize(PROMPT), 40))
     outs = []
     for t in (cuda_model.transformer, eager):
-        ctx = Context(t, 256, n_seq_max=batch)
+        ctx = Context(t, 512, n_seq_max=batch)
         for s in range(batch):
             ctx.decode(tokens[: 4 + s], seq_ids=[s] * (4 + s), outputs=[False] * (3 + s) + [True])
         steps = []
@@ -95,3 +95,18 @@ def test_positions_beyond_the_graph_buckets_run_eagerly(cuda_model, eager):
     a = Context(cuda_model.transformer, 256).decode(tokens).cpu()
     b = Context(eager, 256).decode(tokens).cpu()
     assert torch.equal(a, b)
+
+
+def test_tf32_graphs_stay_within_the_accuracy_bound(cuda_model, eager):
+    from samplechain.runtime.kernels import ACCURACY_BOUND, build_candidate
+
+    tf32 = build_candidate(eager, "cuda-graph-tf32")
+    tokens = cuda_model.tokenize(PROMPT)
+    ctx_a, ctx_b = Context(tf32, 128), Context(eager, 128)
+    ctx_a.decode(tokens[:-1], outputs=[False] * (len(tokens) - 1))
+    ctx_b.decode(tokens[:-1], outputs=[False] * (len(tokens) - 1))
+    a = ctx_a.decode(tokens[-1:]).cpu()
+    b = ctx_b.decode(tokens[-1:]).cpu()
+    assert (a - b).abs().max().item() < 0.1 * ACCURACY_BOUND * b.abs().max().item()
+    assert torch.equal(a.argmax(-1), b.argmax(-1))
+    assert not torch.backends.cuda.matmul.allow_tf32  # the process-wide setting is left as it was

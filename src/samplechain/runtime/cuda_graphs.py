@@ -21,10 +21,23 @@ from samplechain.runtime.model import Transformer
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
+class _KV:
+    """The two cache tensors, standing in for the KV cache inside a traced step."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k, self.v = k, v
+
+
+def _plain_step(t: Transformer, k: torch.Tensor, v: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                cells: torch.Tensor, masks: dict) -> torch.Tensor:
+    return t.logits(t.hidden(_KV(k, v), tokens, positions, cells, masks, k.shape[2]))
+
+
+
 class _Graph:
     """One captured step for batches of up to ``size`` tokens on one cache."""
 
-    def __init__(self, t: Transformer, cache: KVCache, size: int, pool: object) -> None:
+    def __init__(self, t: Transformer, cache: KVCache, size: int, pool: object, tf32: bool) -> None:
         dev, cells_total = t.device, cache.k.shape[2]
         self.size, self.spare = size, cells_total - 1
         self.tokens = torch.zeros(size, dtype=torch.int64, device=dev)
@@ -38,17 +51,23 @@ class _Graph:
             m[:, self.spare] = True
         stream = torch.cuda.Stream(dev)
         stream.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(stream), torch.inference_mode():
-            for _ in range(2):  # warm-up outside the graph (allocator, cuBLAS handles)
-                self._step(t, cache)
-        torch.cuda.current_stream(dev).wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool), torch.inference_mode():
-            self.logits = self._step(t, cache)
+        # cuBLAS picks its kernels at capture: with ``tf32`` the graph keeps TF32 matrix kernels (the process-wide
+        # setting is restored right after)
+        saved = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        try:
+            with torch.cuda.stream(stream), torch.inference_mode():
+                for _ in range(2):  # warm-up outside the graph (allocator, cuBLAS handles)
+                    self._step(t, cache)
+            torch.cuda.current_stream(dev).wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=pool), torch.inference_mode():
+                self.logits = self._step(t, cache)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = saved
 
     def _step(self, t: Transformer, cache: KVCache) -> torch.Tensor:
-        x = t.hidden(cache, self.tokens, self.positions, self.cells, self.masks, cache.k.shape[2])
-        return t.logits(x)
+        return _plain_step(t, cache.k, cache.v, self.tokens, self.positions, self.cells, self.masks)
 
     def run(self, tokens: np.ndarray, positions: np.ndarray, cells: np.ndarray, n_kv: int,
             masks: dict[int | None, np.ndarray], rows: np.ndarray) -> torch.Tensor:
@@ -68,16 +87,20 @@ class _Graph:
         self.positions.copy_(self.host_ints[1], non_blocking=True)
         self.cells.copy_(self.host_ints[2], non_blocking=True)
         self.graph.replay()
-        return self.logits[torch.from_numpy(rows).to(self.logits.device, non_blocking=True)]
+        if rows.size == n and rows[-1] == n - 1:  # every row: a copy, since the next replay overwrites the buffer
+            return self.logits[:n].clone()
+        return self.logits[torch.from_numpy(rows).to(self.logits.device)]
 
 
 class CudaGraphEngine:
-    """Replays one captured graph per (KV cache, batch bucket); batches above ``max_batch`` run eagerly."""
+    """Replays one captured graph per (KV cache, batch bucket); batches above ``max_batch`` run eagerly. With
+    ``tf32`` the graphs' matrix products use TF32 tensor cores (about 1e-3 relative error, inside the accuracy
+    bound); without, full float32."""
 
-    def __init__(self, max_batch: int = 64) -> None:
+    def __init__(self, max_batch: int = 64, tf32: bool = False) -> None:
+        self.tf32 = tf32
         self.buckets = tuple(b for b in BUCKETS if b <= max_batch)
         self._graphs: weakref.WeakKeyDictionary[KVCache, dict[int, _Graph]] = weakref.WeakKeyDictionary()
-        self._pool: object | None = None
 
     def compute(self, transformer: Transformer, cache: KVCache, tokens: np.ndarray, positions: np.ndarray,
                 cells: np.ndarray, n_kv: int, masks: dict[int | None, np.ndarray], rows: np.ndarray) -> torch.Tensor:
@@ -86,8 +109,7 @@ class CudaGraphEngine:
             return transformer.compute(transformer, cache, tokens, positions, cells, n_kv, masks, rows)
         size = next(b for b in self.buckets if b >= n)
         graphs = self._graphs.setdefault(cache, {})
-        if size not in graphs:
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            graphs[size] = _Graph(transformer, cache, size, self._pool)
+        if size not in graphs:  # one memory pool per cache: its graphs never run at the same time
+            pool = next(iter(graphs.values())).graph.pool() if graphs else None
+            graphs[size] = _Graph(transformer, cache, size, pool, self.tf32)
         return graphs[size].run(tokens, positions, cells, n_kv, masks, rows)  # a gather: a tensor of its own

@@ -1,6 +1,7 @@
 """Which forward a model runs on this machine, chosen by timing, never from a CPU flag.
 
-On CUDA the candidates are ``cuda-graph`` (decode steps replayed as CUDA graphs) and ``cuda-eager``.
+On CUDA the candidates are ``cuda-graph`` (decode steps replayed as CUDA graphs, float32), ``cuda-graph-tf32`` (the
+same with TF32 matrix products) and ``cuda-eager``.
 
 Candidates on the CPU: the compiled engine's kernel variants (``c-avx512vnni``, ``c-avx2``, ``c-generic``: the same
 bits, batch-invariant) and torch's paths (``torch-int4-f32``, ``torch-int4-bf16``: torch's int4 kernel with float32 or
@@ -40,14 +41,18 @@ def _c(isa: str) -> Callable[[Transformer], Transformer]:
     return lambda t: t.with_engine(CEngine(t, isa), f"c-{isa}")
 
 
-def _cuda_graph(t: Transformer) -> Transformer:
-    from samplechain.runtime.cuda_graphs import CudaGraphEngine
+def _cuda_graph(tf32: bool) -> Callable[[Transformer], Transformer]:
+    def build(t: Transformer) -> Transformer:
+        from samplechain.runtime.cuda_graphs import CudaGraphEngine
 
-    return t.with_engine(CudaGraphEngine(), "cuda-graph")
+        return t.with_engine(CudaGraphEngine(tf32=tf32), "cuda-graph-tf32" if tf32 else "cuda-graph")
+
+    return build
 
 
 CUDA_CANDIDATES: dict[str, tuple[Callable[[Transformer], Transformer], bool]] = {
-    "cuda-graph": (_cuda_graph, False),
+    "cuda-graph": (_cuda_graph(False), False),
+    "cuda-graph-tf32": (_cuda_graph(True), False),
     "cuda-eager": (lambda t: t.with_engine(None, "cuda-eager"), False),
 }
 CPU_CANDIDATES: dict[str, tuple[Callable[[Transformer], Transformer], bool]] = {

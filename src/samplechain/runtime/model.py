@@ -99,7 +99,39 @@ class Layer:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.is_cuda:  # one fused kernel instead of six
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * weight
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+           scale: float) -> torch.Tensor:
+    """Attention of queries q [n, heads, d] over keys/values [kv_heads, cells, d] -> [n, heads * d].
+
+    On the CPU, torch's fused attention with a boolean ``mask`` [n, cells]. On CUDA its kernels parallelise over
+    queries and heads only, which leaves a decode step (one query per sequence) with a handful of thread blocks
+    walking thousands of cells; there matrix products over the cells, the query heads of each KV head grouped, keep
+    the GPU busy, and ``mask`` is ``attention_bias``'s additive form."""
+    n, heads, d = q.shape
+    kv_heads = k.shape[0]
+    if q.device.type != "cuda":
+        att = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None], attn_mask=mask, scale=scale,
+                                             enable_gqa=heads != kv_heads)
+        return att[0].transpose(0, 1).reshape(n, heads * d)
+    group = heads // kv_heads
+    qg = q.view(n, kv_heads, group, d).permute(1, 2, 0, 3).reshape(kv_heads, group * n, d)
+    if mask is None:
+        scores = torch.bmm(qg, k.transpose(1, 2)) * scale
+    else:
+        scores = torch.baddbmm(mask.expand(kv_heads, -1, -1), qg, k.transpose(1, 2), alpha=scale)
+    out = torch.bmm(torch.softmax(scores, dim=-1), v)  # [kv_heads, group * n, d]
+    return out.view(kv_heads, group, n, d).permute(2, 0, 1, 3).reshape(n, heads * d)
+
+
+def attention_bias(mask: torch.Tensor, group: int) -> torch.Tensor:
+    """A boolean mask [n, cells] as ``attend``'s CUDA form: 0 / -inf [group * n, cells] (query-head major)."""
+    bias = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill_(~mask, float("-inf"))
+    return bias.repeat(group, 1)
 
 
 def neox_to_pairs(head_dim: int) -> np.ndarray:
@@ -268,6 +300,8 @@ class Transformer:
         if c.embed_scale != 1.0:
             x = x * c.embed_scale
         qd, kd = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+        if self.device.type == "cuda":
+            masks = {w: None if m is None else attention_bias(m, c.n_head // c.n_head_kv) for w, m in masks.items()}
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_eps)
             q, k, v = layer.qkv(h).split([qd, kd, kd], dim=-1)
@@ -281,10 +315,8 @@ class Transformer:
             k = apply_rope(k, rotation)
             cache.k[i][:, cells] = k.transpose(0, 1)
             cache.v[i][:, cells] = v.view(n, c.n_head_kv, c.head_dim).transpose(0, 1)
-            att = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None], cache.k[i][None, :, :n_kv], cache.v[i][None, :, :n_kv],
-                attn_mask=masks[self.layer_window(i)], scale=c.attn_scale, enable_gqa=c.n_head != c.n_head_kv)
-            att = layer.wo(att[0].transpose(0, 1).reshape(n, qd))
+            att = layer.wo(attend(q, cache.k[i][:, :n_kv], cache.v[i][:, :n_kv], masks[self.layer_window(i)],
+                                  c.attn_scale))
             if layer.post_attn_norm is not None:
                 att = rms_norm(att, layer.post_attn_norm, c.rms_eps)
             x = x + att
