@@ -4,8 +4,8 @@ A 135M model's decode step is hundreds of tiny kernels: launched one by one from
 latency, not by the GPU. Here each batch-size bucket (1, 2, 4, ... ``max_batch``) is captured once per KV cache as
 one graph: static input buffers (tokens, positions, cells, attention masks over every cell of the cache), the
 same ``Transformer.hidden`` as the eager path, attention over the whole cache with masked cells. A step copies its
-inputs into the bucket's buffers and replays the graph. Padding rows write their keys/values to the cache's spare
-cell and attend only to it. Larger batches (prompts) run eagerly: they are bound by arithmetic, not launches.
+inputs into the bucket's buffers and replays the graph. Padding rows write their keys/values to the cache's last
+spare cell and attend only to it. Larger batches (prompts) run eagerly: they are bound by arithmetic, not launches.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class CudaGraphEngine:
     def compute(self, transformer: Transformer, cache: KVCache, tokens: np.ndarray, positions: np.ndarray,
                 cells: np.ndarray, n_kv: int, masks: dict[int | None, np.ndarray], rows: np.ndarray) -> torch.Tensor:
         n = len(tokens)
-        if n > self.buckets[-1] or cache.k.shape[2] != cache.size + 1:
+        if n > self.buckets[-1] or cache.k.shape[2] <= cache.size:
             return transformer.compute(transformer, cache, tokens, positions, cells, n_kv, masks, rows)
         size = next(b for b in self.buckets if b >= n)
         graphs = self._graphs.setdefault(cache, {})

@@ -22,6 +22,7 @@ from samplechain.runtime.kv_cache import KVCache
 from samplechain.runtime.weights import Linear, WeightLoader
 
 ARCHITECTURES = ("llama", "gemma3")
+ATTN_CHUNK = 256  # cells per partial sum of attention on CUDA; CUDA caches have a multiple of it
 
 
 class Engine(Protocol):
@@ -124,7 +125,16 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         scores = torch.bmm(qg, k.transpose(1, 2)) * scale
     else:
         scores = torch.baddbmm(mask.expand(kv_heads, -1, -1), qg, k.transpose(1, 2), alpha=scale)
-    out = torch.bmm(torch.softmax(scores, dim=-1), v)  # [kv_heads, group * n, d]
+    probs = torch.softmax(scores, dim=-1)  # [kv_heads, group * n, cells]
+    cells, rows = k.shape[1], group * n
+    if cells % ATTN_CHUNK == 0 and cells > ATTN_CHUNK:
+        # split the sum over cells into chunks, each its own matrix product (cuBLAS would give a product this
+        # narrow one thread block per head, walking every cell), then add the chunks
+        c = cells // ATTN_CHUNK
+        p = probs.view(kv_heads, rows, c, ATTN_CHUNK).transpose(1, 2).reshape(kv_heads * c, rows, ATTN_CHUNK)
+        out = torch.bmm(p, v.reshape(kv_heads * c, ATTN_CHUNK, d)).view(kv_heads, c, rows, d).sum(1)
+    else:
+        out = torch.bmm(probs, v)
     return out.view(kv_heads, group, n, d).permute(2, 0, 1, 3).reshape(n, heads * d)
 
 
@@ -221,8 +231,9 @@ class Transformer:
 
     def new_cache(self, size: int, n_seq_max: int = 1) -> KVCache:
         c = self.config
-        # CUDA graphs run fixed batch shapes: their padding rows write to one spare cell past the end
-        spare = 1 if self.device.type == "cuda" else 0
+        # CUDA graphs run fixed batch shapes: their padding rows write to a spare cell past the end, and the cells
+        # are a whole number of attention chunks
+        spare = (-size) % ATTN_CHUNK or ATTN_CHUNK if self.device.type == "cuda" else 0
         return KVCache(c.n_layer, c.n_head_kv, c.head_dim, c.head_dim, size, n_seq_max, device=self.device,
                        spare=spare)
 
