@@ -16,7 +16,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install --quiet -e '.[runtime,test]'
 	touch $@
 
+# the compiled CPU engine is built for this machine (cached under ~/.cache/samplechain, keyed by source and CPU)
 setup: $(VENV)/.installed
+	$(PY) -m samplechain.runtime.cpu_engine
 
 test: setup
 	$(PY) -m ruff check src tests benchmarks

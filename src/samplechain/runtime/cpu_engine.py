@@ -257,3 +257,10 @@ class CEngine:
         self._lib.sc_linear_forward(ctypes.byref(packed), x.shape[0], ctypes.c_void_p(x.ctypes.data),
                                     ctypes.c_void_p(y.ctypes.data), ISAS[self.isa], torch.get_num_threads())
         return y
+
+
+if __name__ == "__main__":  # `python -m samplechain.runtime.cpu_engine`: build now (make setup does)
+    try:
+        print(f"CPU engine: {build()} ({', '.join(supported_isas())})")
+    except EngineUnavailable as e:
+        print(f"CPU engine not built: {e}; the runtime will use torch's kernels", file=sys.stderr)
