@@ -201,3 +201,23 @@ def test_cuda_without_cuda_is_a_clear_error(capsys):
     assert main(["generate", "-p", "Hi", "-n", "2", "--device", "cuda"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "CUDA is not available" in err
+
+
+def test_generate_reuses_its_context_but_never_shares_a_busy_one(smol):
+    """The model's own context (and on CUDA its captured graphs) is kept across generate calls; two generations
+    interleaved each get their own, and each gives the text it gives alone."""
+    from samplechain import SamplingParams
+
+    params = SamplingParams(seed=4)
+    alone = ["".join(smol.generate(p, params, n_predict=12)) for p in ("Once upon a time", "The sea is")]
+    assert "".join(smol.generate("Once upon a time", params, n_predict=12)) == alone[0]
+    gens = [smol.generate(p, params, n_predict=12) for p in ("Once upon a time", "The sea is")]
+    out, live = ["", ""], [True, True]
+    while any(live):  # one piece from each in turn
+        for i, g in enumerate(gens):
+            if live[i]:
+                try:
+                    out[i] += next(g)
+                except StopIteration:
+                    live[i] = False
+    assert out == alone

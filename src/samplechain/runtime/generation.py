@@ -171,7 +171,7 @@ class Model:
         are kept); a new one while another generation still holds it or for another size."""
         size = n_ctx or min(4096, self.config.n_ctx_train)
         ctx = self._context
-        if ctx is None or ctx.n_ctx != size or ctx in self._busy:
+        if ctx is None or ctx.n_ctx != size or ctx.transformer is not self.transformer or ctx in self._busy:
             ctx = self.new_context(size)
             if self._context is None or self._context not in self._busy:
                 self._context = ctx
