@@ -106,43 +106,37 @@ static void rms_norm(const float *x, const float *w, float *y, int n, float eps)
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
-   one tile (16 output rows) x one token: the three variants give the same bits. A block's integer dot product
+   quantized weights, one tile (16 output rows) x one token: the three variants give the same bits. A block's integer dot product
    sum_j q_w[j] * q_x[j] is exact in int32 (|q_w| <= 128, |q_x| <= 32767, 32 terms), whatever the order. */
 
 static void tile_generic(const sc_linear *L, int t, const int16_t *xq, const float *xd, const int32_t *xs,
-                         const float *xf, float *out) {
+                         float *out) {
     int nb = L->n_in / QK;
     float acc[TILE] = {0};
-    if (L->kind == SC_F32) {
-        const float *w = (const float *)L->q + (size_t)t * L->n_in * TILE;
-        for (int k = 0; k < L->n_in; k++)
-            for (int r = 0; r < TILE; r++) acc[r] = fmaf(w[k * TILE + r], xf[k], acc[r]);
-    } else {
-        for (int b = 0; b < nb; b++) {
-            size_t blk = (size_t)t * nb + b;
-            const float *d = L->d + blk * TILE;
-            const int16_t *x = xq + b * QK;
-            int32_t isum[TILE] = {0};
-            if (L->kind == SC_W4) {
-                const uint8_t *p = L->q + blk * 256;
-                for (int k = 0; k < 4; k++)
-                    for (int r = 0; r < TILE; r++)
-                        for (int i = 0; i < 4; i++) {
-                            uint8_t byte = p[64 * k + 4 * r + i];
-                            isum[r] += (byte & 15) * x[8 * k + i] + (byte >> 4) * x[8 * k + 4 + i];
-                        }
-            } else {
-                const int8_t *p = (const int8_t *)L->q + blk * 512;
-                for (int k = 0; k < 8; k++)
-                    for (int r = 0; r < TILE; r++)
-                        for (int i = 0; i < 4; i++) isum[r] += p[64 * k + 4 * r + i] * x[4 * k + i];
-            }
-            for (int r = 0; r < TILE; r++) acc[r] = fmaf((float)isum[r], d[r] * xd[b], acc[r]);
-            if (L->kind == SC_W4) {
-                const float *m = L->m + blk * TILE;
-                float ms = xd[b] * (float)xs[b];
-                for (int r = 0; r < TILE; r++) acc[r] = fmaf(m[r], ms, acc[r]);
-            }
+    for (int b = 0; b < nb; b++) {
+        size_t blk = (size_t)t * nb + b;
+        const float *d = L->d + blk * TILE;
+        const int16_t *x = xq + b * QK;
+        int32_t isum[TILE] = {0};
+        if (L->kind == SC_W4) {
+            const uint8_t *p = L->q + blk * 256;
+            for (int k = 0; k < 4; k++)
+                for (int r = 0; r < TILE; r++)
+                    for (int i = 0; i < 4; i++) {
+                        uint8_t byte = p[64 * k + 4 * r + i];
+                        isum[r] += (byte & 15) * x[8 * k + i] + (byte >> 4) * x[8 * k + 4 + i];
+                    }
+        } else {
+            const int8_t *p = (const int8_t *)L->q + blk * 512;
+            for (int k = 0; k < 8; k++)
+                for (int r = 0; r < TILE; r++)
+                    for (int i = 0; i < 4; i++) isum[r] += p[64 * k + 4 * r + i] * x[4 * k + i];
+        }
+        for (int r = 0; r < TILE; r++) acc[r] = fmaf((float)isum[r], d[r] * xd[b], acc[r]);
+        if (L->kind == SC_W4) {
+            const float *m = L->m + blk * TILE;
+            float ms = xd[b] * (float)xs[b];
+            for (int r = 0; r < TILE; r++) acc[r] = fmaf(m[r], ms, acc[r]);
         }
     }
     memcpy(out, acc, sizeof acc);
@@ -157,58 +151,49 @@ static inline int64_t x4(const int16_t *x) { /* four int16 activations as one 64
 
 __attribute__((target("avx2,fma")))
 static void tile_avx2(const sc_linear *L, int t, const int16_t *xq, const float *xd, const int32_t *xs,
-                      const float *xf, float *out) {
+                      float *out) {
     int nb = L->n_in / QK;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    if (L->kind == SC_F32) {
-        const float *w = (const float *)L->q + (size_t)t * L->n_in * TILE;
-        for (int k = 0; k < L->n_in; k++) {
-            __m256 xb = _mm256_set1_ps(xf[k]);
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k * TILE), xb, acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k * TILE + 8), xb, acc1);
+    const __m128i lo = _mm_set1_epi8(15);
+    for (int b = 0; b < nb; b++) {
+        size_t blk = (size_t)t * nb + b;
+        const int16_t *x = xq + b * QK;
+        /* s[c]: rows 4c..4c+3, each row's sum split over two adjacent int32 lanes */
+        __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                        _mm256_setzero_si256()};
+        if (L->kind == SC_W4) {
+            const uint8_t *p = L->q + blk * 256;
+            for (int k = 0; k < 4; k++) {
+                __m256i xl = _mm256_set1_epi64x(x4(x + 8 * k)), xh = _mm256_set1_epi64x(x4(x + 8 * k + 4));
+                for (int c = 0; c < 4; c++) {
+                    __m128i v = _mm_loadu_si128((const __m128i *)(p + 64 * k + 16 * c));
+                    __m256i wl = _mm256_cvtepu8_epi16(_mm_and_si128(v, lo));
+                    __m256i wh = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), lo));
+                    s[c] = _mm256_add_epi32(s[c], _mm256_add_epi32(_mm256_madd_epi16(wl, xl),
+                                                                   _mm256_madd_epi16(wh, xh)));
+                }
+            }
+        } else {
+            const uint8_t *p = L->q + blk * 512;
+            for (int k = 0; k < 8; k++) {
+                __m256i xb = _mm256_set1_epi64x(x4(x + 4 * k));
+                for (int c = 0; c < 4; c++) {
+                    __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 64 * k + 16 * c)));
+                    s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(w, xb));
+                }
+            }
         }
-    } else {
-        const __m128i lo = _mm_set1_epi8(15);
-        for (int b = 0; b < nb; b++) {
-            size_t blk = (size_t)t * nb + b;
-            const int16_t *x = xq + b * QK;
-            /* s[c]: rows 4c..4c+3, each row's sum split over two adjacent int32 lanes */
-            __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
-                            _mm256_setzero_si256()};
-            if (L->kind == SC_W4) {
-                const uint8_t *p = L->q + blk * 256;
-                for (int k = 0; k < 4; k++) {
-                    __m256i xl = _mm256_set1_epi64x(x4(x + 8 * k)), xh = _mm256_set1_epi64x(x4(x + 8 * k + 4));
-                    for (int c = 0; c < 4; c++) {
-                        __m128i v = _mm_loadu_si128((const __m128i *)(p + 64 * k + 16 * c));
-                        __m256i wl = _mm256_cvtepu8_epi16(_mm_and_si128(v, lo));
-                        __m256i wh = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), lo));
-                        s[c] = _mm256_add_epi32(s[c], _mm256_add_epi32(_mm256_madd_epi16(wl, xl),
-                                                                       _mm256_madd_epi16(wh, xh)));
-                    }
-                }
-            } else {
-                const uint8_t *p = L->q + blk * 512;
-                for (int k = 0; k < 8; k++) {
-                    __m256i xb = _mm256_set1_epi64x(x4(x + 4 * k));
-                    for (int c = 0; c < 4; c++) {
-                        __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 64 * k + 16 * c)));
-                        s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(w, xb));
-                    }
-                }
-            }
-            __m256i s0 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s[0], s[1]), 0xD8);
-            __m256i s1 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s[2], s[3]), 0xD8);
-            __m256 dx = _mm256_set1_ps(xd[b]);
-            const float *d = L->d + blk * TILE;
-            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(_mm256_loadu_ps(d), dx), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(_mm256_loadu_ps(d + 8), dx), acc1);
-            if (L->kind == SC_W4) {
-                const float *m = L->m + blk * TILE;
-                __m256 ms = _mm256_set1_ps(xd[b] * (float)xs[b]);
-                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(m), ms, acc0);
-                acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(m + 8), ms, acc1);
-            }
+        __m256i s0 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s[0], s[1]), 0xD8);
+        __m256i s1 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s[2], s[3]), 0xD8);
+        __m256 dx = _mm256_set1_ps(xd[b]);
+        const float *d = L->d + blk * TILE;
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(_mm256_loadu_ps(d), dx), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(_mm256_loadu_ps(d + 8), dx), acc1);
+        if (L->kind == SC_W4) {
+            const float *m = L->m + blk * TILE;
+            __m256 ms = _mm256_set1_ps(xd[b] * (float)xs[b]);
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(m), ms, acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(m + 8), ms, acc1);
         }
     }
     _mm256_storeu_ps(out, acc0);
@@ -217,51 +202,46 @@ static void tile_avx2(const sc_linear *L, int t, const int16_t *xq, const float 
 
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
 static void tile_avx512vnni(const sc_linear *L, int t, const int16_t *xq, const float *xd, const int32_t *xs,
-                            const float *xf, float *out) {
+                            float *out) {
     int nb = L->n_in / QK;
     __m512 acc = _mm512_setzero_ps();
-    if (L->kind == SC_F32) {
-        const float *w = (const float *)L->q + (size_t)t * L->n_in * TILE;
-        for (int k = 0; k < L->n_in; k++) acc = _mm512_fmadd_ps(_mm512_loadu_ps(w + k * TILE), _mm512_set1_ps(xf[k]), acc);
-    } else {
-        const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-        const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-        const __m256i lo = _mm256_set1_epi8(15);
-        for (int b = 0; b < nb; b++) {
-            size_t blk = (size_t)t * nb + b;
-            const int16_t *x = xq + b * QK;
-            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();  /* rows 0-7, 8-15 (lane pairs) */
-            if (L->kind == SC_W4) {
-                const uint8_t *p = L->q + blk * 256;
-                for (int k = 0; k < 4; k++) {
-                    __m512i xl = _mm512_set1_epi64(x4(x + 8 * k)), xh = _mm512_set1_epi64(x4(x + 8 * k + 4));
-                    __m256i v0 = _mm256_loadu_si256((const __m256i *)(p + 64 * k));
-                    __m256i v1 = _mm256_loadu_si256((const __m256i *)(p + 64 * k + 32));
-                    s0 = _mm512_dpwssd_epi32(s0, _mm512_cvtepu8_epi16(_mm256_and_si256(v0, lo)), xl);
-                    s0 = _mm512_dpwssd_epi32(s0, _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(v0, 4), lo)), xh);
-                    s1 = _mm512_dpwssd_epi32(s1, _mm512_cvtepu8_epi16(_mm256_and_si256(v1, lo)), xl);
-                    s1 = _mm512_dpwssd_epi32(s1, _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(v1, 4), lo)), xh);
-                }
-            } else {
-                const uint8_t *p = L->q + blk * 512;
-                for (int k = 0; k < 8; k++) {
-                    __m512i xb = _mm512_set1_epi64(x4(x + 4 * k));
-                    s0 = _mm512_dpwssd_epi32(s0, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p + 64 * k))), xb);
-                    s1 = _mm512_dpwssd_epi32(s1, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p + 64 * k + 32))), xb);
-                }
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    const __m256i lo = _mm256_set1_epi8(15);
+    for (int b = 0; b < nb; b++) {
+        size_t blk = (size_t)t * nb + b;
+        const int16_t *x = xq + b * QK;
+        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();  /* rows 0-7, 8-15 (lane pairs) */
+        if (L->kind == SC_W4) {
+            const uint8_t *p = L->q + blk * 256;
+            for (int k = 0; k < 4; k++) {
+                __m512i xl = _mm512_set1_epi64(x4(x + 8 * k)), xh = _mm512_set1_epi64(x4(x + 8 * k + 4));
+                __m256i v0 = _mm256_loadu_si256((const __m256i *)(p + 64 * k));
+                __m256i v1 = _mm256_loadu_si256((const __m256i *)(p + 64 * k + 32));
+                s0 = _mm512_dpwssd_epi32(s0, _mm512_cvtepu8_epi16(_mm256_and_si256(v0, lo)), xl);
+                s0 = _mm512_dpwssd_epi32(s0, _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(v0, 4), lo)), xh);
+                s1 = _mm512_dpwssd_epi32(s1, _mm512_cvtepu8_epi16(_mm256_and_si256(v1, lo)), xl);
+                s1 = _mm512_dpwssd_epi32(s1, _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(v1, 4), lo)), xh);
             }
-            __m512i s = _mm512_add_epi32(_mm512_permutex2var_epi32(s0, even, s1), _mm512_permutex2var_epi32(s0, odd, s1));
-            const float *d = L->d + blk * TILE;
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_loadu_ps(d), _mm512_set1_ps(xd[b])), acc);
-            if (L->kind == SC_W4)
-                acc = _mm512_fmadd_ps(_mm512_loadu_ps(L->m + blk * TILE), _mm512_set1_ps(xd[b] * (float)xs[b]), acc);
+        } else {
+            const uint8_t *p = L->q + blk * 512;
+            for (int k = 0; k < 8; k++) {
+                __m512i xb = _mm512_set1_epi64(x4(x + 4 * k));
+                s0 = _mm512_dpwssd_epi32(s0, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p + 64 * k))), xb);
+                s1 = _mm512_dpwssd_epi32(s1, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p + 64 * k + 32))), xb);
+            }
         }
+        __m512i s = _mm512_add_epi32(_mm512_permutex2var_epi32(s0, even, s1), _mm512_permutex2var_epi32(s0, odd, s1));
+        const float *d = L->d + blk * TILE;
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_loadu_ps(d), _mm512_set1_ps(xd[b])), acc);
+        if (L->kind == SC_W4)
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(L->m + blk * TILE), _mm512_set1_ps(xd[b] * (float)xs[b]), acc);
     }
     _mm512_storeu_ps(out, acc);
 }
 #endif
 
-typedef void (*tile_fn)(const sc_linear *, int, const int16_t *, const float *, const int32_t *, const float *, float *);
+typedef void (*tile_fn)(const sc_linear *, int, const int16_t *, const float *, const int32_t *, float *);
 
 static tile_fn tile_kernel(int isa) {
 #if defined(__x86_64__)
@@ -284,14 +264,87 @@ int sc_isa_supported(int isa) {
 }
 
 /* y[n, n_out] = x[n, n_in] @ W.T; x given as float (F32) or quantized rows */
+/* Float weights, up to 4 tokens at once: each token keeps its own accumulators and its own order over the inputs
+   (the same as alone); interleaving only hides the FMA latency of one token's chain. */
+#define F32_GROUP 4
+
+static void f32_generic(const sc_linear *L, int t, const float *const *xs, int m, float *const *outs) {
+    const float *w = (const float *)L->q + (size_t)t * L->n_in * TILE;
+    float acc[F32_GROUP][TILE] = {{0}};
+    for (int k = 0; k < L->n_in; k++)
+        for (int j = 0; j < m; j++)
+            for (int r = 0; r < TILE; r++) acc[j][r] = fmaf(w[k * TILE + r], xs[j][k], acc[j][r]);
+    for (int j = 0; j < m; j++) memcpy(outs[j], acc[j], sizeof acc[j]);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma")))
+static void f32_avx2(const sc_linear *L, int t, const float *const *xs, int m, float *const *outs) {
+    const float *w = (const float *)L->q + (size_t)t * L->n_in * TILE;
+    __m256 a[F32_GROUP][2];
+    for (int j = 0; j < F32_GROUP; j++) a[j][0] = a[j][1] = _mm256_setzero_ps();
+    for (int k = 0; k < L->n_in; k++) {
+        __m256 w0 = _mm256_loadu_ps(w + k * TILE), w1 = _mm256_loadu_ps(w + k * TILE + 8);
+        for (int j = 0; j < m; j++) {
+            __m256 xb = _mm256_set1_ps(xs[j][k]);
+            a[j][0] = _mm256_fmadd_ps(w0, xb, a[j][0]);
+            a[j][1] = _mm256_fmadd_ps(w1, xb, a[j][1]);
+        }
+    }
+    for (int j = 0; j < m; j++) {
+        _mm256_storeu_ps(outs[j], a[j][0]);
+        _mm256_storeu_ps(outs[j] + 8, a[j][1]);
+    }
+}
+
+__attribute__((target("avx512f,fma")))
+static void f32_avx512(const sc_linear *L, int t, const float *const *xs, int m, float *const *outs) {
+    const float *w = (const float *)L->q + (size_t)t * L->n_in * TILE;
+    __m512 a[F32_GROUP];
+    for (int j = 0; j < F32_GROUP; j++) a[j] = _mm512_setzero_ps();
+    for (int k = 0; k < L->n_in; k++) {
+        __m512 wv = _mm512_loadu_ps(w + k * TILE);
+        for (int j = 0; j < m; j++) a[j] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xs[j][k]), a[j]);
+    }
+    for (int j = 0; j < m; j++) _mm512_storeu_ps(outs[j], a[j]);
+}
+#endif
+
+typedef void (*f32_fn)(const sc_linear *, int, const float *const *, int, float *const *);
+
+static f32_fn f32_kernel(int isa) {
+#if defined(__x86_64__)
+    if (isa == SC_AVX512VNNI) return f32_avx512;
+    if (isa == SC_AVX2) return f32_avx2;
+#endif
+    (void)isa;
+    return f32_generic;
+}
+
+/* y[n, n_out] = x[n, n_in] @ W.T; x given as float (F32) or quantized rows */
 static void matmul(const sc_linear *L, int n, const float *xf, const q16_rows *xq, float *y, int isa, int nt) {
-    tile_fn f = tile_kernel(isa);
     int tiles = L->n_out / TILE, nbq = L->n_in / QK;
+    if (L->kind == SC_F32) {
+        f32_fn g = f32_kernel(isa);
+        #pragma omp parallel for schedule(static) num_threads(nt)
+        for (int t = 0; t < tiles; t++)
+            for (int i = 0; i < n; i += F32_GROUP) {
+                int m = n - i < F32_GROUP ? n - i : F32_GROUP;
+                const float *xs[F32_GROUP];
+                float *outs[F32_GROUP];
+                for (int j = 0; j < m; j++) {
+                    xs[j] = xf + (size_t)(i + j) * L->n_in;
+                    outs[j] = y + (size_t)(i + j) * L->n_out + t * TILE;
+                }
+                g(L, t, xs, m, outs);
+            }
+        return;
+    }
+    tile_fn f = tile_kernel(isa);
     #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < tiles; t++)
         for (int i = 0; i < n; i++)
-            f(L, t, L->kind == SC_F32 ? NULL : xq->q + (size_t)i * L->n_in, L->kind == SC_F32 ? NULL : xq->d + (size_t)i * nbq,
-              L->kind == SC_F32 ? NULL : xq->s + (size_t)i * nbq, L->kind == SC_F32 ? xf + (size_t)i * L->n_in : NULL,
+            f(L, t, xq->q + (size_t)i * L->n_in, xq->d + (size_t)i * nbq, xq->s + (size_t)i * nbq,
               y + (size_t)i * L->n_out + t * TILE);
 }
 
