@@ -40,9 +40,9 @@ class _Graph:
     def __init__(self, t: Transformer, cache: KVCache, size: int, pool: object, tf32: bool) -> None:
         dev, cells_total = t.device, cache.k.shape[2]
         self.size, self.spare = size, cells_total - 1
-        self.tokens = torch.zeros(size, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(size, dtype=torch.int64, device=dev)
-        self.cells = torch.full((size,), self.spare, dtype=torch.int64, device=dev)
+        self.ints = torch.zeros(3, size, dtype=torch.int64, device=dev)  # tokens, positions, cells: one copy
+        self.tokens, self.positions, self.cells = self.ints[0], self.ints[1], self.ints[2]
+        self.cells.fill_(self.spare)
         windows = {t.layer_window(i) for i in range(t.config.n_layer)}
         self.masks = {w: torch.zeros(size, cells_total, dtype=torch.bool, device=dev) for w in windows}
         self.host_masks = {w: torch.zeros(size, cells_total, dtype=torch.bool).pin_memory() for w in windows}
@@ -83,9 +83,7 @@ class _Graph:
             h[:n, :n_kv] = masks[w]
             h[n:, self.spare] = True
             self.masks[w].copy_(host, non_blocking=True)
-        self.tokens.copy_(self.host_ints[0], non_blocking=True)
-        self.positions.copy_(self.host_ints[1], non_blocking=True)
-        self.cells.copy_(self.host_ints[2], non_blocking=True)
+        self.ints.copy_(self.host_ints, non_blocking=True)
         self.graph.replay()
         if rows.size == n and rows[-1] == n - 1:  # every row: a copy, since the next replay overwrites the buffer
             return self.logits[:n].clone()

@@ -315,15 +315,16 @@ class Transformer:
             masks = {w: None if m is None else attention_bias(m, c.n_head // c.n_head_kv) for w, m in masks.items()}
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_eps)
-            q, k, v = layer.qkv(h).split([qd, kd, kd], dim=-1)
-            q = q.view(n, c.n_head, c.head_dim)
-            k = k.view(n, c.n_head_kv, c.head_dim)
-            if layer.q_norm is not None:
-                q = rms_norm(q, layer.q_norm, c.rms_eps)
-                k = rms_norm(k, layer.k_norm, c.rms_eps)
+            qkv = layer.qkv(h)
             rotation = ropes[self.layer_base(i)]
-            q = apply_rope(q, rotation)
-            k = apply_rope(k, rotation)
+            if layer.q_norm is None:  # queries and keys rotated in one operation
+                qk = apply_rope(qkv[:, :qd + kd].view(n, c.n_head + c.n_head_kv, c.head_dim), rotation)
+                q, k = qk[:, :c.n_head], qk[:, c.n_head:]
+            else:
+                q = rms_norm(qkv[:, :qd].view(n, c.n_head, c.head_dim), layer.q_norm, c.rms_eps)
+                k = rms_norm(qkv[:, qd:qd + kd].view(n, c.n_head_kv, c.head_dim), layer.k_norm, c.rms_eps)
+                q, k = apply_rope(q, rotation), apply_rope(k, rotation)
+            v = qkv[:, qd + kd:]
             cache.k[i][:, cells] = k.transpose(0, 1)
             cache.v[i][:, cells] = v.view(n, c.n_head_kv, c.head_dim).transpose(0, 1)
             att = layer.wo(attend(q, cache.k[i][:, :n_kv], cache.v[i][:, :n_kv], masks[self.layer_window(i)],
