@@ -42,3 +42,92 @@ def test_flags_map_to_llama_cpp_defaults():
     assert p.dry_sequence_breakers == ("\n", "x") and p.n_prev == 128
     none = params_from_args(build_parser().parse_args(["generate", "--dry-sequence-breaker", "none"]))
     assert none.dry_sequence_breakers == ()
+
+
+def _run_stdin(stdin, *args):
+    return subprocess.run([sys.executable, "-m", "samplechain", *args], input=stdin, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_conversation_mode_reads_turns_from_stdin():
+    r = _run_stdin("What is the capital of France?\n\nAnd of Germany?\n", "generate", "-cnv", "--temp", "0",
+                   "-n", "40")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["The capital of France is Paris.", "The capital of Germany is Berlin."]
+    assert "prompt eval time" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_conversation_mode_with_a_first_prompt_and_system_prompt():
+    r = _run_stdin("", "generate", "-cnv", "-sys", "You are terse.", "-p", "What is the capital of France?",
+                   "--temp", "0", "-n", "40")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+
+
+def test_interactive_mode_with_reverse_prompt_and_prefix(monkeypatch, capsys):
+    import io
+
+    from samplechain.runtime import chat
+
+    sent = []
+    real_send = chat.ChatSession.send
+
+    def send(self, text):
+        sent.append((self.template, text))
+        return real_send(self, text)
+
+    monkeypatch.setattr(chat.ChatSession, "send", send)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("and then\n"))
+    assert main(["generate", "-i", "-p", "Once upon a time", "-r", ".", "--in-prefix", " ", "--in-suffix", ",",
+                 "-n", "30", "-s", "1", "--no-perf"]) == 0
+    assert sent == [(False, "Once upon a time"), (False, " and then,")]
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and all(line.endswith(".") or len(line) > 60 for line in out)
+
+
+def test_n_probs_prints_each_tokens_top_probabilities(capsys):
+    assert main(["generate", "-p", "The capital of France is", "-n", "5", "-s", "3", "--n-probs", "3",
+                 "--no-perf"]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if "<-" in line]
+    assert len(err) == 5
+    for line in err:
+        assert 1 <= line.count(", ") + 1 <= 3
+        probs = [float(x.rsplit(" ", 1)[1]) for x in line.split("<-")[1].split(", ")]
+        assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0001
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "--temp", "nan"], "--temp/--temperature: must be a number, got nan"),
+    (["generate", "--top-p", "abc"], "--top-p: expected a number"),
+    (["generate", "--n-probs", "-1"], "--n-probs: must be >= 0"),
+])
+def test_bad_values_are_one_line_usage_errors(args, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and message in err and "usage:" in err
+
+
+def test_gpu_layers_flag_is_accepted_with_a_note(capsys):
+    assert main(["generate", "-p", "Hi", "-n", "2", "-ngl", "99", "--no-perf"]) == 0
+    assert "note: -ngl 99 is ignored" in capsys.readouterr().err
+
+
+def test_ctrl_c_prints_the_timings_and_exits_130():
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "samplechain", "generate", "-cnv", "-n", "8"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        proc.stdin.write("Hello\n")
+        proc.stdin.flush()
+        deadline = time.time() + 120
+        line = proc.stdout.readline()  # the first answer: the session is waiting for the next turn
+        assert line and time.time() < deadline
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert "prompt eval time" in err and "Traceback" not in err

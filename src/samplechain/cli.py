@@ -6,14 +6,18 @@ import argparse
 import codecs
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import NoReturn
 
 from samplechain.params import DEFAULT_SEQ_BREAKERS, SamplingParams, parse_sampler_chars, parse_sampler_names
 from samplechain.rng import DEFAULT_SEED
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with errors as llama.cpp's tools report them: usage, message, exit status 2."""
+    """argparse, with a usage error as one line (the message, where to find the usage) and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
 
 
 def _unsigned_seed(text: str) -> int:
@@ -21,6 +25,17 @@ def _unsigned_seed(text: str) -> int:
     if value < -(2**31) or value >= 2**32:
         raise argparse.ArgumentTypeError(f"seed {text} is out of range")
     return value & 0xFFFFFFFF
+
+
+def _number(text: str) -> float:
+    """A float flag value; NaN is refused (the Python API refuses it too)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value != value:
+        raise argparse.ArgumentTypeError("must be a number, got nan")
+    return value
 
 
 def _non_negative_int(text: str) -> int:
@@ -61,7 +76,20 @@ def build_parser() -> argparse.ArgumentParser:
     io.add_argument("--no-context-shift", dest="context_shift", action="store_false")
     io.add_argument("--prompt-cache", default=None, help="file to cache the prompt's state in")
     io.add_argument("--prompt-cache-ro", action="store_true", help="use the prompt cache without updating it")
-    io.add_argument("--chat", "-cnv", action="store_true", help="apply the model's chat template to the prompt")
+    io.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt, answer once")
+    io.add_argument("-cnv", "--conversation", action="store_true",
+                    help="conversation mode: chat turns read from stdin, the history kept in the KV cache")
+    io.add_argument("-i", "--interactive", action="store_true",
+                    help="interactive mode: continue the text with lines read from stdin (no chat template)")
+    io.add_argument("-sys", "--system-prompt", default=None, help="system prompt (conversation mode)")
+    io.add_argument("-r", "--reverse-prompt", action="append", default=[],
+                    help="stop generating at this text and wait for input (repeatable)")
+    io.add_argument("--in-prefix", default="", help="text before each input line (interactive mode)")
+    io.add_argument("--in-suffix", default="", help="text after each input line (interactive mode)")
+    io.add_argument("--n-probs", type=_non_negative_int, default=0,
+                    help="print each generated token's top N post-sampling probabilities (to stderr)")
+    io.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers", type=int, default=None,
+                    help="accepted for llama.cpp compatibility: the whole model runs on --device")
     io.add_argument("--device", default="cpu", help="torch device: cpu or cuda")
     io.add_argument("--kernel", default=None,
                     help="CPU forward kernel (default: the fastest measured on this machine; see kernels.py)")
@@ -77,31 +105,31 @@ def build_parser() -> argparse.ArgumentParser:
                    help="samplers as one letter each (default edskypmxt)")
     s.add_argument("-s", "--seed", type=_unsigned_seed, default=DEFAULT_SEED, help="RNG seed (-1 = random)")
     s.add_argument("--ignore-eos", action="store_true", help="never stop at end-of-generation tokens")
-    s.add_argument("--temp", "--temperature", dest="temp", type=float, default=d.temperature)
+    s.add_argument("--temp", "--temperature", dest="temp", type=_number, default=d.temperature)
     s.add_argument("--top-k", type=int, default=d.top_k)
-    s.add_argument("--top-p", type=float, default=d.top_p)
-    s.add_argument("--min-p", type=float, default=d.min_p)
-    s.add_argument("--top-nsigma", "--top-n-sigma", dest="top_n_sigma", type=float, default=d.top_n_sigma)
-    s.add_argument("--xtc-probability", type=float, default=d.xtc_probability)
-    s.add_argument("--xtc-threshold", type=float, default=d.xtc_threshold)
-    s.add_argument("--typical", "--typical-p", dest="typical", type=float, default=d.typical_p)
+    s.add_argument("--top-p", type=_number, default=d.top_p)
+    s.add_argument("--min-p", type=_number, default=d.min_p)
+    s.add_argument("--top-nsigma", "--top-n-sigma", dest="top_n_sigma", type=_number, default=d.top_n_sigma)
+    s.add_argument("--xtc-probability", type=_number, default=d.xtc_probability)
+    s.add_argument("--xtc-threshold", type=_number, default=d.xtc_threshold)
+    s.add_argument("--typical", "--typical-p", dest="typical", type=_number, default=d.typical_p)
     s.add_argument("--repeat-last-n", type=int, default=d.repeat_last_n)
-    s.add_argument("--repeat-penalty", type=float, default=d.repeat_penalty)
-    s.add_argument("--presence-penalty", type=float, default=d.presence_penalty)
-    s.add_argument("--frequency-penalty", type=float, default=d.frequency_penalty)
-    s.add_argument("--dry-multiplier", type=float, default=d.dry_multiplier)
-    s.add_argument("--dry-base", type=float, default=d.dry_base)
+    s.add_argument("--repeat-penalty", type=_number, default=d.repeat_penalty)
+    s.add_argument("--presence-penalty", type=_number, default=d.presence_penalty)
+    s.add_argument("--frequency-penalty", type=_number, default=d.frequency_penalty)
+    s.add_argument("--dry-multiplier", type=_number, default=d.dry_multiplier)
+    s.add_argument("--dry-base", type=_number, default=d.dry_base)
     s.add_argument("--dry-allowed-length", type=int, default=d.dry_allowed_length)
     s.add_argument("--dry-penalty-last-n", type=int, default=d.dry_penalty_last_n)
     s.add_argument("--dry-sequence-breaker", action="append", default=None,
                    help="repeatable; the first use replaces the defaults; 'none' clears them")
-    s.add_argument("--adaptive-target", type=float, default=d.adaptive_target)
-    s.add_argument("--adaptive-decay", type=float, default=d.adaptive_decay)
-    s.add_argument("--dynatemp-range", type=float, default=d.dynatemp_range)
-    s.add_argument("--dynatemp-exp", type=float, default=d.dynatemp_exponent)
+    s.add_argument("--adaptive-target", type=_number, default=d.adaptive_target)
+    s.add_argument("--adaptive-decay", type=_number, default=d.adaptive_decay)
+    s.add_argument("--dynatemp-range", type=_number, default=d.dynatemp_range)
+    s.add_argument("--dynatemp-exp", type=_number, default=d.dynatemp_exponent)
     s.add_argument("--mirostat", type=int, choices=(0, 1, 2), default=d.mirostat)
-    s.add_argument("--mirostat-lr", type=float, default=d.mirostat_eta)
-    s.add_argument("--mirostat-ent", type=float, default=d.mirostat_tau)
+    s.add_argument("--mirostat-lr", type=_number, default=d.mirostat_eta)
+    s.add_argument("--mirostat-ent", type=_number, default=d.mirostat_tau)
     s.add_argument("-l", "--logit-bias", type=_logit_bias, action="append", default=[])
     s.add_argument("-bs", "--backend-sampling", action="store_true",
                    help="run the chain's leading samplers on the model's device (the final draw on the CPU)")
@@ -205,24 +233,99 @@ def generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ValueError as e:
         parser.error(str(e))
 
+    if (args.conversation or args.interactive) and args.prompt_cache is not None:
+        parser.error("--prompt-cache is not supported with -cnv/-i")
     from samplechain.runtime import load_model
 
     model = load_model(args.model, device=args.device, n_threads=args.threads, kernel=args.kernel)
+    if args.gpu_layers is not None and model.transformer.device.type == "cpu":
+        print(f"note: -ngl {args.gpu_layers} is ignored: the whole model runs on the cpu (--device cuda for a GPU)",
+              file=sys.stderr)
     n_ctx = args.ctx_size or model.config.n_ctx_train
     ctx = model.new_context(n_ctx, n_batch=max(1, args.batch_size))
     if args.verbose_prompt:
         print(f"prompt tokens: {model.tokenize(prompt)}", file=sys.stderr)
-    out = sys.stdout
-    for piece in model.generate(prompt, params, args.n_predict, chat=args.chat, n_keep=args.keep,
-                                context_shift=args.context_shift, prompt_cache=args.prompt_cache,
-                                prompt_cache_ro=args.prompt_cache_ro, context=ctx):
-        out.write(piece)
-        out.flush()
-    out.write("\n")
-    out.flush()
+    probs: list[tuple[int, list[tuple[int, float]]]] = []
+    if args.n_probs:
+        model.on_token = lambda token, sampler: probs.append((token, sampler.top_probs(args.n_probs)))
+    timings = model.timings
+    try:
+        if args.conversation or args.interactive:
+            timings = _interactive(model, params, args, prompt, ctx, probs)
+        else:
+            _stream(model.generate(prompt, params, args.n_predict, chat=args.chat, n_keep=args.keep,
+                                   context_shift=args.context_shift, prompt_cache=args.prompt_cache,
+                                   prompt_cache_ro=args.prompt_cache_ro, context=ctx))
+            sys.stdout.write("\n")
+            timings = model.timings
+            _print_probs(model, probs)
+    except KeyboardInterrupt as e:  # Ctrl-C: the timings so far, llama.cpp's exit status
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        if args.perf:
+            print(getattr(e, "timings", model.timings).report(), file=sys.stderr)
+        return 130
+    sys.stdout.flush()
     if args.perf:
-        print(model.timings.report(), file=sys.stderr)
+        print(timings.report(), file=sys.stderr)
     return 0
+
+
+def _stream(pieces: Iterable[str]) -> None:
+    for piece in pieces:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+
+def _print_probs(model: object, probs: list[tuple[int, list[tuple[int, float]]]]) -> None:
+    """One line per generated token on stderr: the token, then its step's top post-sampling probabilities."""
+    def show(token: int) -> str:
+        return repr(model.vocab.token_bytes(token).decode("utf-8", "replace"))  # type: ignore[attr-defined]
+
+    for token, top in probs:
+        print(f"{show(token):>16} <- " + ", ".join(f"{show(t)} {p:.4f}" for t, p in top), file=sys.stderr)
+    probs.clear()
+
+
+def _interactive(model, params: SamplingParams, args: argparse.Namespace, prompt: str, ctx,
+                 probs: list) -> object:
+    """llama-cli's conversation (-cnv) and interactive (-i) modes: turns read from stdin until end of input."""
+    from samplechain.runtime.chat import ChatSession
+
+    session = ChatSession(model, params, system_prompt=args.system_prompt, n_predict=args.n_predict,
+                          context_shift=args.context_shift, reverse_prompts=args.reverse_prompt, context=ctx,
+                          template=args.conversation)
+    tty = sys.stdin.isatty()
+
+    def turn(text: str) -> None:
+        _stream(session.send(text))
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        _print_probs(model, probs)
+
+    try:
+        if prompt:
+            turn(prompt)
+        while True:
+            if tty:
+                sys.stdout.write("> ")
+                sys.stdout.flush()
+            line = sys.stdin.readline()
+            if not line:  # end of input
+                break
+            line = line.rstrip("\n")
+            if not line.strip():
+                continue
+            turn(line if args.conversation else args.in_prefix + line + args.in_suffix)
+    except KeyboardInterrupt:
+        raise _Interrupted(session.timings) from None
+    return session.timings
+
+
+class _Interrupted(KeyboardInterrupt):
+    def __init__(self, timings: object) -> None:
+        super().__init__()
+        self.timings = timings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -233,6 +336,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # before generation started (loading the model)
+        print(file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import importlib.util
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +19,7 @@ import torch
 from samplechain.device import BatchSampler
 from samplechain.gguf import GGUFFile
 from samplechain.params import CommonSampler, SamplingParams
+from samplechain.runtime.chat import BUILTIN_TEMPLATES, builtin_template_name, header_text, render, starts_with_bos
 from samplechain.runtime.context import Context
 from samplechain.runtime.kernels import choose_kernel
 from samplechain.runtime.model import ModelConfig, Transformer
@@ -93,6 +94,8 @@ class Model:
         self.context_shifts = 0
         self._context: Context | None = None
         self._busy: set[Context] = set()
+        # called with each sampled token and the sampler (e.g. to read its post-sampling probabilities)
+        self.on_token: Callable[[int, CommonSampler], None] | None = None
 
     @property
     def name(self) -> str:
@@ -108,28 +111,12 @@ class Model:
         return Context(self.transformer, n_ctx or min(4096, self.config.n_ctx_train), n_seq_max, n_batch)
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]] | str, add_generation_prompt: bool = True) -> str:
-        """The model's chat template (jinja2, sandboxed) applied to ``messages`` (or one user message)."""
-        template = self.vocab.chat_template
-        if not template:
-            raise ValueError(f"model {self.name!r} has no chat template")
+        """The model's chat template (jinja2, sandboxed) applied to ``messages`` (or one user message). A GGUF
+        without a template gets llama.cpp's built-in one for its turn markers (Gemma's, else ChatML)."""
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
-        from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message: str) -> None:
-            raise ValueError(f"chat template: {message}")
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
-        v = self.vocab
-        try:
-            return env.from_string(template).render(
-                messages=list(messages), add_generation_prompt=add_generation_prompt,
-                bos_token=v.token_bytes(v.bos).decode() if v.bos is not None else "",
-                eos_token=v.token_bytes(v.eos).decode() if v.eos is not None else "")
-        except TemplateError as e:
-            raise ValueError(f"chat template failed: {e}") from e
+        template = self.vocab.chat_template or BUILTIN_TEMPLATES[builtin_template_name(self.vocab)]
+        return render(template, self.vocab, messages, add_generation_prompt)
 
     def generate(
         self,
@@ -155,7 +142,9 @@ class Model:
             raise ValueError(f"n_predict must be -1 or more, got {n_predict}")
         if isinstance(prompt, str):
             text = self.apply_chat_template(prompt) if chat else prompt
-            tokens = self.tokenize(text, add_special=not chat or not _starts_with_bos(self.vocab, text))
+            tokens = self.tokenize(text, add_special=not chat or not starts_with_bos(self.vocab, text))
+            if chat and n_keep == 0:  # a context shift keeps the system prompt and the chat header
+                n_keep = len(self.tokenize(header_text(self, None), add_special=False)) - int(self.vocab.add_bos)
         else:
             tokens = [int(t) for t in prompt]
         if not tokens:
@@ -207,7 +196,6 @@ class Model:
         else:
             ctx.clear()
         t.n_reused = n_past
-        history = list(tokens)
         for tok in tokens:
             sampler.accept(tok, is_generated=False)
 
@@ -224,8 +212,17 @@ class Model:
         t.n_prompt = len(tokens) - n_past
         n_past = len(tokens)
 
+        yield from self._decode_loop(ctx, sampler, device_sampler, logits, n_past, n_keep, n_predict, context_shift,
+                                     t)
+
+    def _decode_loop(self, ctx: Context, sampler: CommonSampler, device_sampler: BatchSampler | None,
+                     logits: torch.Tensor, n_past: int, n_keep: int, n_predict: int, context_shift: bool, t: Timings,
+                     stop: Sequence[str] = ()) -> Generator[str, None, tuple[int, list[int]]]:
+        """Sample and decode until an end-of-generation token, ``n_predict`` tokens, a ``stop`` string in the text,
+        or a full context (with context shift off). Yields text pieces; returns the new ``n_past`` and the tokens
+        sampled but not decoded into the cache (the last one)."""
         decoder = self.vocab.stream_decoder()
-        n_generated = 0
+        n_generated, text, token = 0, "", None
         while n_predict < 0 or n_generated < n_predict:
             start = time.perf_counter()
             if device_sampler is not None:  # the chain's device prefix runs on the logits where they are
@@ -234,13 +231,18 @@ class Model:
                 token = sampler.sample(logits.cpu().numpy())
             t.sample_ms += (time.perf_counter() - start) * 1e3
             t.n_sample += 1
+            if self.on_token is not None:
+                self.on_token(token, sampler)
             if self.vocab.is_eog(token):
                 break
-            history.append(token)
             n_generated += 1
             piece = decoder.push(token)
             if piece:
                 yield piece
+                if stop:
+                    text = (text + piece)[-(max(map(len, stop)) + len(piece)):]
+                    if any(s in text for s in stop):
+                        break
             if n_predict >= 0 and n_generated >= n_predict:
                 break
             if n_past + 1 >= ctx.n_ctx:
@@ -254,9 +256,11 @@ class Model:
             t.eval_ms += (time.perf_counter() - start) * 1e3
             t.n_eval += 1
             n_past += 1
+            token = None
         tail = decoder.flush()
         if tail:
             yield tail
+        return n_past, [] if token is None else [token]
 
     def _device_sampler(self, sampler: CommonSampler) -> BatchSampler | None:
         """llama.cpp's backend sampling: on with ``backend_sampling``, off (with a warning) for grammars."""
@@ -296,10 +300,6 @@ def resolve_device(device: str | torch.device) -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"device {device!r} is not supported (cpu or cuda)")
     return dev
-
-
-def _starts_with_bos(vocab: Vocab, text: str) -> bool:
-    return vocab.bos is not None and text.startswith(vocab.token_bytes(vocab.bos).decode("utf-8", "replace"))
 
 
 def load_model(path: str | os.PathLike[str] | None = None, *, device: str | torch.device = "cpu",
