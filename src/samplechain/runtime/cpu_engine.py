@@ -41,12 +41,20 @@ class EngineUnavailable(RuntimeError):
 
 
 def cache_dir() -> str:
-    """Where samplechain keeps per-machine files: ``$SAMPLECHAIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/samplechain``."""
+    """Where samplechain keeps per-machine files: ``$SAMPLECHAIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/samplechain``
+    (``~/.cache/samplechain``); a temporary folder where that cannot be written."""
     explicit = os.environ.get("SAMPLECHAIN_CACHE_DIR")
-    if explicit:
-        return explicit
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "samplechain")
+    folder = explicit or os.path.join(base, "samplechain")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        if os.access(folder, os.W_OK):
+            return folder
+    except OSError:
+        pass
+    fallback = os.path.join(tempfile.gettempdir(), f"samplechain-{os.getuid() if hasattr(os, 'getuid') else 0}")
+    os.makedirs(fallback, exist_ok=True)
+    return fallback
 
 
 def machine_id() -> str:

@@ -115,11 +115,13 @@ def _read_cache() -> dict:
 def _write_cache(key: str, entry: dict) -> None:
     data = _read_cache()
     data[key] = entry
-    os.makedirs(os.path.dirname(_cache_file()), exist_ok=True)
     tmp = f"{_cache_file()}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    os.replace(tmp, _cache_file())
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, _cache_file())  # atomic: a concurrent writer's entry may be lost, never half a file
+    except OSError as e:
+        print(f"warning: cannot cache the kernel choice ({e}); it will be measured again", file=sys.stderr)
 
 
 def build_candidate(t: Transformer, name: str) -> Transformer:
