@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--grammar", default=None, help="GBNF grammar the output must follow")
     c.add_argument("--grammar-file", default=None, help="read the GBNF grammar from a file")
     c.add_argument("-j", "--json-schema", default=None,
-                   help='JSON Schema the output must follow, e.g. \'{"type": "object"}\' ({} = any JSON object)')
+                   help='JSON Schema the output must follow, e.g. \'{"type": "object"}\' ({} = any JSON value)')
     c.add_argument("-jf", "--json-schema-file", default=None, help="read the JSON Schema from a file")
     return parser
 

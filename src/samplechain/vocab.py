@@ -131,6 +131,11 @@ class Vocab:
     def is_eog(self, token: int) -> bool:
         return token in self.eog
 
+    @property
+    def control(self) -> frozenset[int]:
+        """Control tokens: special but not end-of-generation. Grammars match them by id only, never as text."""
+        return self.special - self.eog
+
     def tokenize_bytes(self, data: bytes) -> list[int]:
         """Greedy longest-match tokenization over the non-special tokens (the fallback tokenizer)."""
         if self._lookup is None:

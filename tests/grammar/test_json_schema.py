@@ -6,7 +6,7 @@ import warnings
 import pytest
 from tests.grammar.conftest import CASES, normalise
 
-from samplechain.grammar import Grammar, GrammarError, json_schema_to_gbnf
+from samplechain.grammar import Grammar, GrammarError, json_schema_to_gbnf, server_response_schema
 
 
 def convert(schema):
@@ -136,8 +136,45 @@ def test_bad_schemas_raise_grammar_errors(schema, message):
         convert(schema)
 
 
-def test_empty_schema_means_any_object_and_deep_schemas_do_not_crash():
-    assert "root ::= object" in convert({})
+ANY_VALUE_GRAMMAR = r"""array ::= "[" space ( value ("," space value)* )? space "]"
+boolean ::= ("true" | "false")
+char ::= [^"\\\x7F\x00-\x1F] | [\\] (["\\bfnrt] | "u" [0-9a-fA-F]{4})
+decimal-part ::= [0-9]{1,16}
+integral-part ::= [0] | [1-9] [0-9]{0,15}
+null ::= "null"
+number ::= ("-"? integral-part) ("." decimal-part)? ([eE] [-+]? integral-part)?
+object ::= "{" space ( string ":" space value ("," space string ":" space value)* )? space "}"
+root ::= value
+space ::= | " " | "\n"{1,2} [ \t]{0,20}
+string ::= "\"" char* "\""
+value ::= object | array | string | number | boolean | null
+"""
+
+
+@pytest.mark.parametrize("schema", [{}, "{}", " { } ", {"description": "anything", "title": "t"}])
+def test_schema_without_type_or_keywords_is_any_value(schema):
+    # spec/grammar §5.2 step 8 and §5.5 "any": root ::= value, with the whole value family
+    assert convert(schema) == ANY_VALUE_GRAMMAR
+    g = Grammar.from_gbnf(convert(schema))
+    for doc in ('{"a": [1, null]}', "[]", '"s"', "-1.5e3", "true", "null"):
+        assert accepts(g, doc), doc
+    assert not accepts(g, "") and not accepts(g, "nul")
+
+
+def test_server_response_schema_reads_an_empty_schema_as_any_object():
+    # llama-server (spec/grammar §4.3, spec/server): an empty json_schema means {"type": "object"}
+    assert server_response_schema({}) == {"type": "object"}
+    out = convert(server_response_schema({}))
+    assert out == ANY_VALUE_GRAMMAR.replace("root ::= value", "root ::= object")
+    g = Grammar.from_gbnf(out)
+    assert accepts(g, '{"a": [1, null]}') and accepts(g, "{}")
+    assert not accepts(g, "[]") and not accepts(g, '"s"') and not accepts(g, "1")
+    other = {"type": "integer"}
+    assert server_response_schema(other) is other  # anything else passes through unchanged
+    assert server_response_schema({"description": "x"}) == {"description": "x"}
+
+
+def test_deep_schemas_do_not_crash():
     deep = {"type": "object"}
     for _ in range(3000):
         deep = {"type": "array", "items": deep}

@@ -79,7 +79,7 @@ def test_grammar_in_a_chain_constrains_greedy(toy_vocab):
 
 
 def test_lazy_trigger_pattern_replays_from_the_capture_group(toy_vocab):
-    g = 'root ::= "<tool>" [a-c]+ "</tool>"'
+    g = "root ::= <tool> [a-c]+ </tool>"  # <tool> is a control token: token items, not literals, match it
     s = GrammarSampler.lazy(toy_vocab, g, trigger_patterns=[r"[\s\S]*?(<tool>)[\s\S]*"])
     c = Candidates.from_logits(np.zeros(toy_vocab.n_tokens, dtype=np.float32))
     s.apply(c)
@@ -87,7 +87,7 @@ def test_lazy_trigger_pattern_replays_from_the_capture_group(toy_vocab):
     for t in (43, 44, 7):  # "hello", " world", " " : no trigger yet
         s.accept(t)
         assert s.awaiting_trigger
-    s.accept(45)  # "<tool>" arrives: the grammar sees "<tool>" only
+    s.accept(45)  # "<tool>" arrives: the pattern sees its text, the grammar gets token 45 only
     assert not s.awaiting_trigger
     assert s.mask()[[9, 10, 11, 12, 13]].all() and not s.mask()[46]
     s.accept(12)
@@ -103,7 +103,7 @@ def test_lazy_trigger_inside_a_token_feeds_only_the_suffix(toy_vocab):
 
 
 def test_lazy_trigger_token_and_full_pattern(toy_vocab):
-    s = GrammarSampler.lazy(toy_vocab, 'root ::= "<tool>" "a"', trigger_tokens=[45])
+    s = GrammarSampler.lazy(toy_vocab, 'root ::= <tool> "a"', trigger_tokens=[45])
     s.accept(9)
     assert s.awaiting_trigger
     s.accept(45)
@@ -158,7 +158,7 @@ def test_prompt_tokens_never_reach_the_grammar(toy_vocab):
 def test_params_build_json_schema_and_lazy_grammars(toy_vocab):
     cs = CommonSampler(SamplingParams(json_schema={"type": "boolean"}), toy_vocab)
     assert cs.grammar.mask()[[18, 19]].all() and cs.grammar.mask().sum() == 2
-    p = SamplingParams(grammar='root ::= "<tool>" "a"', grammar_lazy=True,
+    p = SamplingParams(grammar='root ::= <tool> "a"', grammar_lazy=True,
                        grammar_triggers=[{"type": 1, "value": "<tool>"}], preserved_tokens=["<tool>"])
     cs = CommonSampler(p, toy_vocab)
     assert cs.grammar.is_lazy and 45 in cs.grammar.trigger_tokens

@@ -1,9 +1,9 @@
 """GBNF grammars, JSON Schema -> GBNF, and grammar-constrained sampling (spec/grammar)."""
 
 from samplechain.grammar.engine import Grammar, GrammarMatcher, MaskEngine, TokenTable
-from samplechain.grammar.json_schema import json_schema_to_gbnf
+from samplechain.grammar.json_schema import json_schema_to_gbnf, server_response_schema
 from samplechain.grammar.parser import GrammarError, parse_gbnf
 from samplechain.grammar.sampler import GrammarSampler
 
 __all__ = ["Grammar", "GrammarError", "GrammarMatcher", "GrammarSampler", "MaskEngine", "TokenTable",
-           "json_schema_to_gbnf", "parse_gbnf"]
+           "json_schema_to_gbnf", "parse_gbnf", "server_response_schema"]

@@ -489,12 +489,21 @@ def _strongly_connected(n: int, adj: list[list[int]]) -> list[int]:
 class TokenTable:
     """A vocabulary's token texts as code points, for masks: ragged code points, lengths, trailing partials.
 
+    ``pieces`` is each token's text as the grammar sees it. Control tokens (special, not end-of-generation) have
+    none: only token items (``<[id]>``, ``<|name|>``, ``!<[id]>``) match them, never literals or character
+    classes. (llama.cpp matches their rendered text, so ``<|im_start|>`` fits inside a JSON string;
+    spec/runtime-notes "Grammar engines".) End-of-generation tokens keep their text but are never matched by
+    text or by a token item: the sampler allows them exactly where the grammar can end (spec/grammar §3.5, §3.8).
+
     Usable tokens with at least one code point are also kept ordered by their first code point, so the first
     column of a mask is decided once per distinct first character instead of once per token.
     """
 
-    def __init__(self, pieces: list[bytes], eog: Iterable[int]) -> None:
+    def __init__(self, pieces: list[bytes], eog: Iterable[int], control: Iterable[int] = ()) -> None:
         n = len(pieces)
+        eog_set = {t for t in eog if 0 <= t < n}
+        control_set = {t for t in control if 0 <= t < n} - eog_set
+        pieces = [b"" if i in control_set else bytes(p) for i, p in enumerate(pieces)]
         lens = np.zeros(n, dtype=np.int64)
         offsets = np.zeros(n, dtype=np.int64)
         partial_value = np.zeros(n, dtype=np.int64)
@@ -502,7 +511,6 @@ class TokenTable:
         usable = np.zeros(n, dtype=bool)
         cont_start: list[int] = []
         flat: list[int] = []
-        eog_set = {t for t in eog if 0 <= t < n}
         for i, p in enumerate(pieces):
             nul = p.find(0)
             if nul >= 0:
@@ -522,6 +530,7 @@ class TokenTable:
         self.pieces = pieces
         self.n = n
         self.eog = np.array(sorted(eog_set), dtype=np.int64)
+        self.control = np.array(sorted(control_set), dtype=np.int64)  # no text: matched by token items only
         self.usable = usable  # text a character set can consume: non-empty, valid UTF-8 (partial at the end)
         self.usable_ids = np.flatnonzero(usable)
         self.by_id = np.ones(n, dtype=bool)  # what a token element can match: any id but end-of-generation
@@ -552,7 +561,7 @@ class TokenTable:
         """The table of a :class:`~samplechain.Vocab` (built once per vocabulary)."""
         table = getattr(vocab, "_grammar_tokens", None)
         if table is None:
-            table = cls([vocab.token_bytes(i) for i in range(vocab.n_tokens)], vocab.eog)
+            table = cls([vocab.token_bytes(i) for i in range(vocab.n_tokens)], vocab.eog, vocab.control)
             vocab._grammar_tokens = table
         return table
 

@@ -782,15 +782,23 @@ def _non_negative(schema: dict, key: str, default: int | None) -> int | None:
     return v
 
 
+def server_response_schema(schema: Any) -> Any:
+    """The schema llama-server converts for a request's ``json_schema`` / ``response_format``: there an empty
+    ``{}`` means any JSON *object* (spec/grammar §4.3, spec/server), while to the converter it is any value."""
+    return {"type": "object"} if schema == {} else schema
+
+
 def json_schema_to_gbnf(schema: Any, dotall: bool = False) -> str:
-    """GBNF for JSON documents valid under ``schema`` (a dict, or JSON text); GrammarError when unsupported."""
+    """GBNF for JSON documents valid under ``schema`` (a dict, or JSON text); GrammarError when unsupported.
+
+    A schema without type or keywords (``{}``) is any JSON value (spec/grammar §5.2 step 8), as in llama.cpp's
+    converter and ``--json-schema``; the server's reading of ``{}`` is :func:`server_response_schema`.
+    """
     if isinstance(schema, (str, bytes)):
         try:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             raise GrammarError(f"JSON schema is not valid JSON: {e}") from None
-    if schema == {}:
-        schema = {"type": "object"}  # llama-server turns an empty schema into an object
     conv = _Converter(schema, dotall)
     try:
         conv.visit(schema, "")

@@ -52,7 +52,9 @@ class GrammarSampler(Sampler):
     """Constrains sampling to a GBNF grammar over ``vocab`` (llama.cpp's ``grammar`` sampler).
 
     An empty grammar text gives a sampler that constrains nothing (as llama.cpp). Tokens the grammar cannot
-    take get ``-inf``; accepting one raises :class:`GrammarError` and leaves the state as it was.
+    take get ``-inf``; accepting one raises :class:`GrammarError` and leaves the state as it was. Control
+    tokens are matched only by token items, never as text; end-of-generation tokens only where the grammar
+    can end.
     """
 
     name = "grammar"
@@ -170,19 +172,26 @@ class GrammarSampler(Sampler):
             if () not in self.state.stacks:
                 raise GrammarError(f"end-of-generation token {token} while the grammar is incomplete")
             return
-        self.state = self._feed(self.state, token, self.vocab.token_bytes(token))
+        self.state = self._feed(self.state, token, self.engine.table.pieces[token])
 
     def _feed(self, state: State, token: int, piece: bytes) -> State:
+        """The state after ``token`` with ``piece``, its text as the grammar sees it (none for control tokens)."""
         nxt = self.grammar.transition(state, token, piece)
         if nxt is None:
-            raise GrammarError(f"the grammar refuses token {token} ({piece!r}) here")
+            kind = "control token" if token in self.vocab.control else "token"
+            raise GrammarError(f"the grammar refuses {kind} {token} ({self.vocab.token_bytes(token)!r}) here")
         return nxt
 
     def _await(self, token: int) -> None:
-        """Lazy grammar, not triggered yet: watch for a trigger token or a trigger pattern (spec §4.2)."""
+        """Lazy grammar, not triggered yet: watch for a trigger token or a trigger pattern (spec §4.2).
+
+        The buffer holds the tokens' rendered text (control tokens included: patterns may look for them); the
+        grammar is fed only what it sees of each token (nothing of a control token: see ``TokenTable``).
+        """
         piece = self.vocab.token_bytes(token)
+        pieces = self.engine.table.pieces
         if token in self.trigger_tokens:
-            self.state = self._feed(self.grammar.initial, token, piece)
+            self.state = self._feed(self.grammar.initial, token, pieces[token])
             self.awaiting_trigger = False
             self._buffer, self._positions = b"", []
             return
@@ -195,8 +204,8 @@ class GrammarSampler(Sampler):
                 continue
             state = self.grammar.initial
             for tok, lo, hi in self._positions:
-                if hi > at:
-                    state = self._feed(state, tok, self._buffer[max(lo, at) : hi])
+                if hi > at:  # the token's text from the match start on (llama.cpp keeps the token's id)
+                    state = self._feed(state, tok, pieces[tok][max(lo, at) - lo :])
             self.state = state
             self.awaiting_trigger = False
             self._buffer, self._positions = b"", []
