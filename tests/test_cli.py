@@ -131,3 +131,17 @@ def test_ctrl_c_prints_the_timings_and_exits_130():
         proc.kill()
     assert proc.returncode == 130
     assert "prompt eval time" in err and "Traceback" not in err
+
+
+def test_reasoning_budget_flags():
+    args = build_parser().parse_args(["generate", "--reasoning-budget", "5", "--reasoning-budget-message", "Done."])
+    p = params_from_args(args)
+    assert (p.reasoning_budget_tokens, p.reasoning_budget_message) == (5, "Done.")
+    assert (p.reasoning_budget_start_tag, p.reasoning_budget_end_tags) == ("<think>", ("</think>",))
+    assert params_from_args(build_parser().parse_args(["generate"])).reasoning_budget_tokens == -1
+
+
+def test_generation_with_a_reasoning_budget_runs(capsys):
+    assert main(["generate", "-p", "Think step by step: 2 + 2 =", "-n", "6", "-s", "2", "--reasoning-budget", "0",
+                 "--no-perf"]) == 0
+    assert capsys.readouterr().out.strip()

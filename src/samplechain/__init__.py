@@ -18,6 +18,8 @@ from samplechain.samplers import (
     Mirostat,
     MirostatV2,
     Penalties,
+    ReasoningBudget,
+    ReasoningBudgetState,
     Sampler,
     Temperature,
     TopK,
@@ -32,6 +34,6 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_SEED", "DRY", "XTC", "AdaptiveP", "Candidates", "Chain", "CommonSampler", "Dist",
     "DynamicTemperature", "GrammarError", "GrammarSampler", "Greedy", "Infill", "LogitBias", "MinP", "Mirostat",
-    "MirostatV2", "Penalties", "Sampler", "SamplingParams", "Temperature", "TopK", "TopNSigma", "TopP", "Typical",
-    "Vocab",
+    "MirostatV2", "Penalties", "ReasoningBudget", "ReasoningBudgetState", "Sampler", "SamplingParams", "Temperature",
+    "TopK", "TopNSigma", "TopP", "Typical", "Vocab",
 ]

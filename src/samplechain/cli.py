@@ -38,6 +38,13 @@ def _number(text: str) -> float:
     return value
 
 
+def _budget(text: str) -> int:
+    value = int(text)
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"must be -1 (no limit) or more, got {value}")
+    return value
+
+
 def _non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -135,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the chain's leading samplers on the model's device (the final draw on the CPU)")
     s.add_argument("--backend-dist", action="store_true",
                    help="with backend sampling, draw the token on the device too (implies --backend-sampling)")
+    s.add_argument("--reasoning-budget", type=_budget, default=-1,
+                   help="tokens allowed inside a <think> ... </think> block (-1 = no limit, 0 = none)")
+    s.add_argument("--reasoning-budget-message", default="",
+                   help="text forced before </think> when the reasoning budget is spent")
     s.add_argument("--perf", dest="perf", action="store_true", default=True, help="print timings (default)")
     s.add_argument("--no-perf", dest="perf", action="store_false")
     c = g.add_argument_group("constrained output")
@@ -200,7 +211,17 @@ def params_from_args(args: argparse.Namespace) -> SamplingParams:
         mirostat_eta=args.mirostat_lr, mirostat_tau=args.mirostat_ent, ignore_eos=args.ignore_eos,
         no_perf=not args.perf, backend_sampling=args.backend_sampling or args.backend_dist,
         backend_dist=args.backend_dist, samplers=samplers, logit_bias=tuple(args.logit_bias), **_constraint(args),
+        **_reasoning(args),
     )
+
+
+def _reasoning(args: argparse.Namespace) -> dict:
+    """The reasoning budget for thinking models' <think> ... </think> blocks (llama.cpp takes the tags from the chat
+    template's thinking markers; these are the common ones)."""
+    if args.reasoning_budget < 0 and not args.reasoning_budget_message:
+        return {}
+    return {"reasoning_budget_tokens": args.reasoning_budget, "reasoning_budget_message": args.reasoning_budget_message,
+            "reasoning_budget_start_tag": "<think>", "reasoning_budget_end_tags": ("</think>",)}
 
 
 def _check_constraint(params: SamplingParams) -> None:

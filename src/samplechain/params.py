@@ -10,6 +10,11 @@ The chain ``CommonSampler`` builds (spec/samplers §5.2):
 3. with ``mirostat == 1`` or ``2``: ``temp`` then ``mirostat`` / ``mirostat-v2``; every other sampler is dropped;
 4. samplers whose parameters make them no-ops are left out (``describe()`` shows what runs).
 
+Outside the chain, as in llama.cpp (spec/samplers §5.5, §5.10): the reasoning budget (created when start and
+end tags are set and ``reasoning_budget_tokens >= 0``, ``reasoning_control`` or ``grammar_lazy``) is applied
+first, then the grammar (``grammar_first``) or the chain with the grammar checked by rejection. Both only see
+generated tokens; a lazy grammar waits while a thinking block is open.
+
 Every RNG sampler gets the same ``seed``, as in llama.cpp, so the tokens are llama.cpp's.
 """
 
@@ -42,6 +47,8 @@ from samplechain.samplers import (
     Mirostat,
     MirostatV2,
     Penalties,
+    ReasoningBudget,
+    ReasoningBudgetState,
     Sampler,
     Temperature,
     TopK,
@@ -151,6 +158,16 @@ class SamplingParams:
     grammar_lazy: bool = False
     grammar_triggers: tuple[tuple[int, str, int | None], ...] = ()  # (type, value, token); TRIGGER_* types
     preserved_tokens: tuple[str, ...] = ()
+    # the assistant prefix the chat template already put in the prompt; fed to the reasoning budget, so a prompt
+    # ending in a start tag opens the thinking block (llama.cpp also feeds it to output-format grammars)
+    generation_prompt: str = ""
+    # reasoning budget (spec/samplers §3.19, §5.10); tags are texts (tokenized with special tokens) or token ids
+    reasoning_budget_tokens: int = -1  # tokens allowed inside a thinking block; -1 = no limit
+    reasoning_budget_start_tag: str | tuple[int, ...] = ""
+    reasoning_budget_end_tags: tuple[str | tuple[int, ...], ...] = ()  # the first one closes a forced block
+    reasoning_budget_message: str = ""  # forced before the first end tag when the budget is spent
+    reasoning_budget_forced: tuple[int, ...] | None = None  # token ids forced instead of message + first end tag
+    reasoning_control: bool = False  # keep a budget sampler even without a limit, so force_reasoning_end() works
 
     def __post_init__(self) -> None:
         self.seed = check_seed(self.seed)
@@ -195,6 +212,26 @@ class SamplingParams:
         if isinstance(self.preserved_tokens, str) or not all(isinstance(t, str) for t in self.preserved_tokens):
             raise ValueError("preserved_tokens must be a list of strings")
         self.preserved_tokens = tuple(self.preserved_tokens)
+        self._check_reasoning_budget()
+
+    def _check_reasoning_budget(self) -> None:
+        budget = check_int("reasoning_budget_tokens", self.reasoning_budget_tokens)
+        if not -1 <= budget <= INT32_MAX:
+            raise ValueError(f"reasoning_budget_tokens must be -1 (no limit) or in [0, {INT32_MAX}], got {budget}")
+        self.reasoning_budget_tokens = budget
+        self.reasoning_budget_start_tag = _tag("reasoning_budget_start_tag", self.reasoning_budget_start_tag)
+        ends = self.reasoning_budget_end_tags
+        if isinstance(ends, str) or not isinstance(ends, Iterable):
+            ends = (ends,)
+        # empty tags are skipped, as llama-server does
+        self.reasoning_budget_end_tags = tuple(t for t in (_tag("reasoning_budget_end_tags", e) for e in ends) if t)
+        for name in ("reasoning_budget_message", "generation_prompt"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be a string, got {getattr(self, name)!r}")
+        if self.reasoning_budget_forced is not None:
+            self.reasoning_budget_forced = _token_list("reasoning_budget_forced", self.reasoning_budget_forced)
+        if not isinstance(self.reasoning_control, bool):
+            raise ValueError(f"reasoning_control must be true or false, got {self.reasoning_control!r}")
 
     # --- server request fields ---------------------------------------------------------------------------
 
@@ -212,6 +249,8 @@ class SamplingParams:
             if value is None:
                 continue
             name = _ALIASES.get(key, key)
+            if name != key and data.get(name) is not None:
+                continue  # the field's own name wins over an alias (llama-server tries the names in order)
             parse = _SERVER_FIELDS.get(name)
             if parse is None:
                 raise ValueError(f"unknown sampling parameter {key!r}")
@@ -233,6 +272,11 @@ class SamplingParams:
         d["grammar_triggers"] = [{"type": k, "value": v, **({"token": t} if t is not None else {})}
                                  for k, v, t in self.grammar_triggers]
         d["preserved_tokens"] = list(self.preserved_tokens)
+        start = self.reasoning_budget_start_tag
+        d["reasoning_budget_start_tag"] = start if isinstance(start, str) else list(start)
+        d["reasoning_budget_end_tags"] = [t if isinstance(t, str) else list(t) for t in self.reasoning_budget_end_tags]
+        forced = self.reasoning_budget_forced
+        d["reasoning_budget_forced"] = None if forced is None else list(forced)
         return d
 
     @property
@@ -269,6 +313,30 @@ def _parse_logit_bias(value: object) -> tuple[tuple[int | str, float], ...]:
             raise ValueError(f"logit_bias of {token!r} must not be +inf")
         out.append((token, bias))
     return tuple(out)
+
+
+def _token_list(name: str, value: object) -> tuple[int, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ValueError(f"{name} must be a list of token ids, got {value!r}")
+    out = []
+    for t in value:
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
+            raise ValueError(f"{name} must be a list of token ids (integers >= 0), got {t!r}")
+        out.append(int(t))
+    return tuple(out)
+
+
+def _tag(name: str, value: object) -> str | tuple[int, ...]:
+    """A reasoning tag: a text (tokenized later, with the vocabulary) or a list of token ids."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)):
+        return _token_list(name, value)
+    raise ValueError(f"{name} must be a text or a list of token ids, got {value!r}")
+
+
+def _starts_with_space(data: bytes) -> bool:
+    return data[:1] in (b" ", b"\t", b"\n", b"\v", b"\f", b"\r")  # C isspace
 
 
 # grammar trigger types (llama.cpp's common_grammar_trigger_type, spec/grammar §4.3)
@@ -352,6 +420,18 @@ def _samplers(v: object) -> tuple[str, ...]:
     raise ValueError("must be an array of names or a string of one-letter codes")
 
 
+def _string(v: object) -> str:
+    return v if isinstance(v, str) else _fail("must be a string")
+
+
+def _end_tags(v: object) -> tuple[str | tuple[int, ...], ...]:
+    if isinstance(v, str):  # reasoning_budget_end_tag: one tag
+        return (v,)
+    if not isinstance(v, list):
+        raise ValueError("must be an array of strings (or one string)")
+    return tuple(_tag("reasoning_budget_end_tags", t) for t in v)
+
+
 def _seed(v: object) -> int:
     x = _as_int(v)
     return DEFAULT_SEED if x == -1 else x
@@ -398,6 +478,13 @@ _SERVER_FIELDS = {
     "grammar_lazy": _as_bool,
     "grammar_triggers": lambda v: tuple(v) if isinstance(v, list) else _fail("must be an array"),
     "preserved_tokens": lambda v: tuple(v) if isinstance(v, list) else _fail("must be an array"),
+    "generation_prompt": _string,
+    "reasoning_budget_tokens": _int_range(-1, INT32_MAX),
+    "reasoning_budget_start_tag": lambda v: _tag("reasoning_budget_start_tag", v),
+    "reasoning_budget_end_tags": _end_tags,
+    "reasoning_budget_message": _string,
+    "reasoning_budget_forced": lambda v: _token_list("reasoning_budget_forced", v),
+    "reasoning_control": _as_bool,
 }
 
 
@@ -408,14 +495,18 @@ _ALIASES = {
     "logprobs": "n_probs", "temp": "temperature", "typ_p": "typical_p", "penalty_last_n": "repeat_last_n",
     "penalty_repeat": "repeat_penalty", "penalty_freq": "frequency_penalty",
     "penalty_present": "presence_penalty",
+    "thinking_budget_tokens": "reasoning_budget_tokens", "reasoning_budget_end_tag": "reasoning_budget_end_tags",
+    "reasoning_budget_start": "reasoning_budget_start_tag", "reasoning_budget_end": "reasoning_budget_end_tags",
 }
 
 
 class CommonSampler:
-    """llama.cpp's ``common_sampler``: the chain built from parameters, plus history, grammar and probabilities.
+    """llama.cpp's ``common_sampler``: the chain built from parameters, plus history, grammar, reasoning budget
+    and probabilities.
 
     ``grammar`` is any sampler that masks (sets to -inf) the tokens it refuses and follows accepted tokens;
     it is kept outside the chain and applied first (``grammar_first``) or by rejection (spec §5.5).
+    ``reasoning_budget`` replaces the one built from the parameters; it is applied before everything else.
     """
 
     def __init__(
@@ -425,6 +516,7 @@ class CommonSampler:
         *,
         n_vocab: int | None = None,
         grammar: Sampler | None = None,
+        reasoning_budget: ReasoningBudget | None = None,
     ) -> None:
         self.params = params if params is not None else SamplingParams()
         self.vocab = vocab
@@ -434,6 +526,13 @@ class CommonSampler:
             n_vocab = vocab.n_tokens
         self.n_vocab = None if n_vocab is None else check_int("n_vocab", n_vocab, minimum=1)
         self.grammar = grammar if grammar is not None else self._build_grammar()
+        self._budget_prefill: tuple[int, ...] = ()
+        if reasoning_budget is not None:
+            if not isinstance(reasoning_budget, ReasoningBudget):
+                raise ValueError(f"reasoning_budget must be a ReasoningBudget, got {type(reasoning_budget).__name__}")
+            self.reasoning_budget: ReasoningBudget | None = reasoning_budget
+        else:
+            self.reasoning_budget = self._build_reasoning_budget()
         self.chain = self._build_chain()
         self.prev: deque[int] = deque(maxlen=max(32, self.params.n_prev))
         self._cur: Candidates | None = None
@@ -474,6 +573,54 @@ class CommonSampler:
         if p.grammar_triggers and not patterns and not tokens:
             raise ValueError("no triggers set for lazy grammar!")
         return GrammarSampler.lazy(self.vocab, text, "root", patterns, tokens)
+
+    def _tag_tokens(self, name: str, tag: str | tuple[int, ...]) -> tuple[int, ...]:
+        """A reasoning tag's token ids: texts are tokenized with special tokens parsed (llama-server)."""
+        if isinstance(tag, str):
+            if not tag:
+                return ()
+            if self.vocab is None:
+                raise ValueError(f"{name} {tag!r} is a text: pass vocab to CommonSampler to tokenize it, "
+                                 f"or give token ids")
+            return tuple(self.vocab.tokenize(tag, parse_special=True))
+        if self.n_vocab is not None and any(t >= self.n_vocab for t in tag):
+            bad = next(t for t in tag if t >= self.n_vocab)
+            raise ValueError(f"{name} token {bad} is outside the vocabulary [0, {self.n_vocab})")
+        return tag
+
+    def _prefill_tokens(self) -> tuple[int, ...]:
+        """``generation_prompt`` as tokens, without a leading whitespace token the tokenizer added (§5.2)."""
+        text = self.params.generation_prompt
+        if not text:
+            return ()
+        if self.vocab is None:
+            raise ValueError("generation_prompt needs the vocabulary: pass vocab to CommonSampler")
+        tokens = self.vocab.tokenize(text, parse_special=True)
+        # some tokenizers put a space before a leading special token: dropped unless the text starts with one
+        if tokens and _starts_with_space(self.vocab.piece(tokens[0], special=True)) and \
+                not _starts_with_space(text.encode()):
+            tokens = tokens[1:]
+        return tuple(tokens)
+
+    def _build_reasoning_budget(self) -> ReasoningBudget | None:
+        """llama.cpp's rule (spec §5.2 step 6): start and end tags set, and a limit, control or a lazy grammar;
+        forced = message + first end tag; starts IDLE and sees the ``generation_prompt`` tokens."""
+        p = self.params
+        start = self._tag_tokens("reasoning_budget_start_tag", p.reasoning_budget_start_tag)
+        ends = [t for t in (self._tag_tokens("reasoning_budget_end_tags", e) for e in p.reasoning_budget_end_tags)
+                if t]
+        if not start or not ends or not (p.grammar_lazy or p.reasoning_budget_tokens >= 0 or p.reasoning_control):
+            return None
+        if p.reasoning_budget_forced is not None:
+            forced = self._tag_tokens("reasoning_budget_forced", p.reasoning_budget_forced)
+        else:
+            forced = self._tag_tokens("reasoning_budget_message", p.reasoning_budget_message) + ends[0]
+        budget = p.reasoning_budget_tokens if p.reasoning_budget_tokens >= 0 else INT32_MAX
+        rb = ReasoningBudget(self.vocab, [start], ends, forced, budget)
+        self._budget_prefill = self._prefill_tokens()
+        for token in self._budget_prefill:
+            rb.accept(token)
+        return rb
 
     def _logit_biases(self) -> list[tuple[int, float]]:
         p = self.params
@@ -542,6 +689,8 @@ class CommonSampler:
 
     def _select(self, logits: object, with_grammar: bool) -> tuple[Candidates, int]:
         c = Candidates.from_logits(logits)
+        if self.reasoning_budget is not None:
+            self.reasoning_budget.apply(c)
         if with_grammar:
             self.grammar.apply(c)
         self.chain.apply(c)
@@ -557,10 +706,21 @@ class CommonSampler:
         self.grammar.apply(single)
         return bool(np.isfinite(single.logits[0]))
 
+    def _grammar_should_apply(self) -> bool:
+        """A grammar exists, and it is not a lazy one inside an open thinking block (spec §5.5)."""
+        if self.grammar is None:
+            return False
+        rb = self.reasoning_budget
+        if rb is None or not getattr(self.grammar, "is_lazy", False):
+            return True
+        return rb.state in (ReasoningBudgetState.IDLE, ReasoningBudgetState.DONE)
+
     def sample(self, logits: object, grammar_first: bool = False) -> int:
-        """Sample one token from ``logits`` and accept it (as generated); returns the token id."""
+        """Sample one token from ``logits`` and accept it (as generated); returns the token id.
+
+        Order (spec §5.5): reasoning budget, then the grammar first or the chain with a rejection check."""
         t0 = time.perf_counter()
-        has_grammar = self.grammar is not None
+        has_grammar = self._grammar_should_apply()
         c, token = self._select(logits, has_grammar and grammar_first)
         if has_grammar and not grammar_first and not self._grammar_allows(token):
             c, token = self._select(logits, True)  # rejection: resample from fresh logits with the mask
@@ -570,12 +730,21 @@ class CommonSampler:
         return token
 
     def accept(self, token: int, is_generated: bool = False) -> None:
-        """Record ``token`` in the history and the chain; the grammar sees only generated tokens."""
+        """Record ``token`` in the history and the chain; the reasoning budget and the grammar see only
+        generated tokens (spec §5.6)."""
         t0 = time.perf_counter()
         token = check_int("token", token, minimum=0)
         if self.n_vocab is not None and token >= self.n_vocab:
             raise ValueError(f"token {token} is outside the vocabulary [0, {self.n_vocab})")
-        if is_generated and self.grammar is not None:
+        accept_grammar = is_generated and self._grammar_should_apply()  # before the budget sees the token
+        rb = self.reasoning_budget
+        if rb is not None and is_generated:
+            rb.accept(token)
+            # a lazy grammar skipped the block: replay the end sequence that closed it (it may be the trigger)
+            if self.grammar is not None and not accept_grammar and rb.state == ReasoningBudgetState.DONE:
+                for end_token in rb.end_match or ():
+                    self.grammar.accept(end_token)
+        if accept_grammar:
             self.grammar.accept(token)
         self.chain.accept(token)
         self.prev.append(token)
@@ -603,11 +772,21 @@ class CommonSampler:
     # --- state -------------------------------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Clear the history and reset the chain and the grammar (llama.cpp leaves the grammar as is, P14)."""
+        """Clear the history and reset the chain, the grammar and the reasoning budget (the budget as built:
+        it sees ``generation_prompt`` again). llama.cpp resets only the history and the chain (P14)."""
         self.prev.clear()
         self.chain.reset()
         if self.grammar is not None:
             self.grammar.reset()
+        if self.reasoning_budget is not None:
+            self.reasoning_budget.reset()
+            for token in self._budget_prefill:
+                self.reasoning_budget.accept(token)
+
+    def force_reasoning_end(self) -> bool:
+        """End the open thinking block now (llama-server's ``reasoning_end`` control): True when the budget
+        was counting and now forces its end sequence, False otherwise (no budget, or not inside a block)."""
+        return self.reasoning_budget is not None and self.reasoning_budget.force()
 
     def clone(self) -> CommonSampler:
         other = CommonSampler.__new__(CommonSampler)
@@ -615,6 +794,8 @@ class CommonSampler:
         other.vocab = self.vocab
         other.n_vocab = self.n_vocab
         other.grammar = None if self.grammar is None else self.grammar.clone()
+        other.reasoning_budget = None if self.reasoning_budget is None else self.reasoning_budget.clone()
+        other._budget_prefill = self._budget_prefill
         other.chain = self.chain.clone()
         other.prev = deque(self.prev, maxlen=self.prev.maxlen)
         other._cur = None if self._cur is None else self._cur.copy()

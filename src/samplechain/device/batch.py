@@ -40,8 +40,10 @@ class _Row:
     seeded: list[Sampler] = field(default_factory=list)  # samplers with their own generator
 
     @property
-    def grammar(self) -> bool:
-        return isinstance(self.owner, CommonSampler) and self.owner.grammar is not None
+    def cpu_only(self) -> bool:
+        """A grammar or a reasoning budget: the row's whole step runs through ``CommonSampler.sample``."""
+        return isinstance(self.owner, CommonSampler) and (self.owner.grammar is not None
+                                                          or self.owner.reasoning_budget is not None)
 
 
 @dataclass
@@ -103,7 +105,7 @@ class BatchSampler:
                 raise ValueError(f"chains[{i}] appears twice; every row needs its own chain (clone() it)")
             seen.add(id(owner))
             row = _Row(owner, list(samplers), 0, ())
-            if not row.grammar:
+            if not row.cpu_only:
                 row.prefix, row.key = plan_prefix(row.samplers, select_on_device)
             row.seeded = [s for s in row.samplers if hasattr(s, "rng")]
             self._rows.append(row)
@@ -256,7 +258,7 @@ class BatchSampler:
         """
         for i, row in enumerate(self._rows):
             rest = [s for s in row.samplers[row.prefix :] if not s.disabled]
-            if row.grammar or (rest and (len(rest) > 1 or rest[0].name not in ("dist", "greedy"))):
+            if row.cpu_only or (rest and (len(rest) > 1 or rest[0].name not in ("dist", "greedy"))):
                 raise ValueError(f"row {i}: {self.describe(i)} has samplers without a device form after the "
                                  "prefix; a logits processor cannot run them")
         x = self._check(logits)
@@ -293,7 +295,7 @@ class BatchSampler:
     def _cpu(self, i: int, logits: np.ndarray) -> tuple[int, bool]:
         """Row ``i`` entirely on the CPU; returns the token and whether it was already accepted."""
         owner = self._rows[i].owner
-        if self._rows[i].grammar:
+        if self._rows[i].cpu_only:
             return owner.sample(logits), True
         c = Candidates.from_logits(logits)
         for s in self._rows[i].samplers:

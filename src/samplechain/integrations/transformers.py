@@ -25,7 +25,10 @@ class SamplechainLogitsProcessor(LogitsProcessor):
         if isinstance(chain, SamplingParams):
             if chain.grammar or chain.json_schema is not None or chain.mirostat:
                 raise ValueError("grammars and mirostat need the CPU chain; they cannot run as a logits processor")
-            chain = CommonSampler(chain).chain
+            common = CommonSampler(chain)
+            if common.reasoning_budget is not None:
+                raise ValueError("the reasoning budget needs the CPU chain; it cannot run as a logits processor")
+            chain = common.chain
         if not isinstance(chain, Chain):
             raise ValueError(f"chain must be a Chain or SamplingParams, got {type(chain).__name__}")
         self.template = chain

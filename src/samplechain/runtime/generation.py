@@ -263,12 +263,14 @@ class Model:
         return n_past, [] if token is None else [token]
 
     def _device_sampler(self, sampler: CommonSampler) -> BatchSampler | None:
-        """llama.cpp's backend sampling: on with ``backend_sampling``, off (with a warning) for grammars."""
+        """llama.cpp's backend sampling: on with ``backend_sampling``, off (with a warning) for grammars and the
+        reasoning budget."""
         p = sampler.params
         if not (p.backend_sampling or p.backend_dist):
             return None
-        if sampler.grammar is not None:
-            print("warning: backend sampling is off: grammars sample on the CPU", file=sys.stderr)
+        if sampler.grammar is not None or sampler.reasoning_budget is not None:
+            print("warning: backend sampling is off: grammars and the reasoning budget sample on the CPU",
+                  file=sys.stderr)
             return None
         return BatchSampler([sampler], self.transformer.device, select_on_device=p.backend_dist)
 

@@ -7,11 +7,13 @@ from samplechain.samplers.infill import Infill
 from samplechain.samplers.logit_bias import LogitBias
 from samplechain.samplers.mirostat import Mirostat, MirostatV2
 from samplechain.samplers.penalties import Penalties
+from samplechain.samplers.reasoning_budget import ReasoningBudget, ReasoningBudgetState
 from samplechain.samplers.selectors import Dist, Greedy
 from samplechain.samplers.temperature import DynamicTemperature, Temperature
 from samplechain.samplers.truncation import XTC, MinP, TopK, TopNSigma, TopP, Typical
 
 __all__ = [
     "DRY", "XTC", "AdaptiveP", "Dist", "DynamicTemperature", "Greedy", "Infill", "LogitBias", "MinP",
-    "Mirostat", "MirostatV2", "Penalties", "Sampler", "Temperature", "TopK", "TopNSigma", "TopP", "Typical",
+    "Mirostat", "MirostatV2", "Penalties", "ReasoningBudget", "ReasoningBudgetState", "Sampler", "Temperature",
+    "TopK", "TopNSigma", "TopP", "Typical",
 ]
