@@ -67,5 +67,5 @@ def test_stream_decoder_never_emits_a_broken_character(name, smol, gemma):
 def test_chat_template(smol, gemma):
     prompt = smol.apply_chat_template("What is 2+2?")
     assert prompt.endswith("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
-    with pytest.raises(ValueError, match="no chat template"):
-        gemma.apply_chat_template("hi")
+    # Gemma's GGUF has no template: llama.cpp's built-in one for its turn markers
+    assert gemma.apply_chat_template("hi") == "<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
