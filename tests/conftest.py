@@ -26,3 +26,23 @@ def expect_probs(c, expected, tol=1e-5):
 @pytest.fixture
 def P4():
     return [0.1, 0.2, 0.3, 0.4]
+
+
+# the packaged models, loaded once per test session (runtime, speculative and CLI tests share them)
+@pytest.fixture(scope="session")
+def smol():
+    from samplechain.runtime import load_model
+
+    return load_model()
+
+
+@pytest.fixture(scope="session")
+def gemma():
+    from samplechain.runtime import load_model
+
+    return load_model("gemma3-270m")
+
+
+@pytest.fixture(scope="session", params=["smollm2", "gemma3-270m"])
+def any_model(request, smol, gemma):
+    return smol if request.param == "smollm2" else gemma

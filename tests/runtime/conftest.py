@@ -3,22 +3,7 @@ import os
 import pytest
 import torch
 
-from samplechain.runtime import load_model, model_path
-
-
-@pytest.fixture(scope="session")
-def smol():
-    return load_model()
-
-
-@pytest.fixture(scope="session")
-def gemma():
-    return load_model("gemma3-270m")
-
-
-@pytest.fixture(scope="session", params=["smollm2", "gemma3-270m"])
-def any_model(request, smol, gemma):
-    return smol if request.param == "smollm2" else gemma
+from samplechain.runtime import model_path
 
 
 @pytest.fixture(scope="session")

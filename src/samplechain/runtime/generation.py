@@ -23,6 +23,7 @@ from samplechain.runtime.chat import BUILTIN_TEMPLATES, builtin_template_name, h
 from samplechain.runtime.context import Context
 from samplechain.runtime.kernels import choose_kernel
 from samplechain.runtime.model import ModelConfig, Transformer
+from samplechain.runtime.speculation import Speculation
 from samplechain.runtime.state import StateError
 from samplechain.runtime.weights import WeightLoader
 from samplechain.vocab import Vocab
@@ -131,11 +132,14 @@ class Model:
         prompt_cache: str | os.PathLike[str] | None = None,
         prompt_cache_ro: bool = False,
         context: Context | None = None,
+        speculation: Speculation | None = None,
     ) -> Iterator[str]:
         """Stream the continuation of ``prompt`` as text pieces (never a broken UTF-8 character).
 
         Stops at an end-of-generation token, after ``n_predict`` tokens (-1: no limit but the context), or when
         the context is full and ``context_shift`` is off. ``self.timings`` holds the counters afterwards.
+        With ``speculation``, drafted tokens are verified in batches (``speculation.py``): the same text, faster
+        where drafts are accepted.
         """
         params = params or SamplingParams()
         if n_predict < -1:
@@ -153,7 +157,7 @@ class Model:
             raise ValueError("empty prompt and the model has no BOS token")
         ctx = context or self._own_context(n_ctx)
         return self._generate(ctx, context is None, tokens, params, n_predict, n_keep, context_shift, prompt_cache,
-                              prompt_cache_ro)
+                              prompt_cache_ro, speculation)
 
     def _own_context(self, n_ctx: int | None) -> Context:
         """The model's own context, reused across ``generate`` calls (its KV cache, and on CUDA its captured graphs,
@@ -176,7 +180,8 @@ class Model:
             self._busy.discard(ctx)
 
     def _run(self, ctx: Context, tokens: list[int], params: SamplingParams, n_predict: int, n_keep: int,
-             context_shift: bool, prompt_cache: str | os.PathLike[str] | None, prompt_cache_ro: bool) -> Iterator[str]:
+             context_shift: bool, prompt_cache: str | os.PathLike[str] | None, prompt_cache_ro: bool,
+             speculation: Speculation | None) -> Iterator[str]:
         t = self.timings = Timings(load_ms=self.load_ms, kernel=self.transformer.kernel)
         max_prompt = ctx.n_ctx - 4
         if len(tokens) > max_prompt:
@@ -212,8 +217,75 @@ class Model:
         t.n_prompt = len(tokens) - n_past
         n_past = len(tokens)
 
+        if speculation is not None:
+            speculation.begin(tokens)
+            yield from self._speculative_loop(ctx, sampler, logits, list(tokens), n_keep, n_predict, context_shift,
+                                              t, speculation)
+            return
         yield from self._decode_loop(ctx, sampler, device_sampler, logits, n_past, n_keep, n_predict, context_shift,
                                      t)
+
+    def _speculative_loop(self, ctx: Context, sampler: CommonSampler, logits: torch.Tensor, history: list[int],
+                          n_keep: int, n_predict: int, context_shift: bool, t: Timings,
+                          spec: Speculation) -> Iterator[str]:
+        """The decode loop with drafts: ``[id_last, d0 .. dk-1]`` decoded in one batch, verified by
+        sample-and-compare, rejected cells removed. ``history`` holds the tokens in the cache (id_last excluded)."""
+        decoder = self.vocab.stream_decoder()
+        n_past, n_generated = len(history), 0
+        start = time.perf_counter()
+        accepted = [sampler.sample(logits.cpu().numpy())]
+        t.sample_ms += (time.perf_counter() - start) * 1e3
+        t.n_sample += 1
+        done = False
+        while not done:
+            # emit this round's tokens; all but the last are already in the cache
+            for token in accepted:
+                if self.on_token is not None:
+                    self.on_token(token, sampler)
+                if self.vocab.is_eog(token):
+                    done = True
+                    break
+                n_generated += 1
+                piece = decoder.push(token)
+                if piece:
+                    yield piece
+                if n_predict >= 0 and n_generated >= n_predict:
+                    done = True
+                    break
+            if done:
+                break
+            id_last = accepted[-1]
+            if n_past + 1 >= ctx.n_ctx:
+                if not context_shift:
+                    print("\nwarning: context full and context shift is off, stopping", file=sys.stderr)
+                    break
+                n_past = ctx.context_shift(n_past, n_keep)
+                self.context_shifts += 1
+            limit = ctx.n_ctx - n_past - 2
+            if n_predict >= 0:  # the accepted drafts and the target's own token stay within n_predict
+                limit = min(limit, n_predict - n_generated - 1)
+            start = time.perf_counter()
+            draft = spec.propose(history, id_last, limit)
+            batch = [id_last, *draft]
+            rows = ctx.decode(batch, positions=range(n_past, n_past + len(batch)), outputs=[True] * len(batch))
+            rows_np = rows.cpu().numpy()
+            elapsed = time.perf_counter() - start
+            spec.record_time(len(batch), elapsed)
+            t.eval_ms += elapsed * 1e3
+            t.n_eval += 1
+            start = time.perf_counter()
+            accepted = spec.verify_round(sampler, rows_np, draft)
+            t.sample_ms += (time.perf_counter() - start) * 1e3
+            t.n_sample += len(accepted)
+            n_accepted = len(accepted) - 1
+            spec.accept(len(draft), n_accepted)
+            history += batch[: 1 + n_accepted]
+            n_past += 1 + n_accepted
+            if n_accepted < len(draft):
+                ctx.seq_rm(0, n_past, -1)  # the rejected drafts' cells
+        tail = decoder.flush()
+        if tail:
+            yield tail
 
     def _decode_loop(self, ctx: Context, sampler: CommonSampler, device_sampler: BatchSampler | None,
                      logits: torch.Tensor, n_past: int, n_keep: int, n_predict: int, context_shift: bool, t: Timings,
