@@ -239,6 +239,61 @@ static void tile_avx512vnni(const sc_linear *L, int t, const int16_t *xq, const 
     }
     _mm512_storeu_ps(out, acc);
 }
+
+/* The same as tile_avx512vnni for up to 4 tokens at once: a block's weights are widened to int16 once and used by
+   every token. Each token's sums and float operations are exactly those of the one-token kernel. */
+#define MULTI 4
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
+static void tiles_avx512vnni(const sc_linear *L, int t, const int16_t *const *xq, const float *const *xd,
+                             const int32_t *const *xs, int m, float *const *out) {
+    int nb = L->n_in / QK;
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    const __m256i lo = _mm256_set1_epi8(15);
+    __m512 acc[MULTI];
+    for (int j = 0; j < MULTI; j++) acc[j] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        size_t blk = (size_t)t * nb + b;
+        __m512i w[16];  /* w[2k + h] rows 0-7 (h = 0) / 8-15 (h = 1) of the block's step k, int16 pairs per lane */
+        int steps;
+        if (L->kind == SC_W4) {
+            const uint8_t *p = L->q + blk * 256;
+            for (int k = 0; k < 4; k++)
+                for (int h = 0; h < 2; h++) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * k + 32 * h));
+                    w[4 * k + h] = _mm512_cvtepu8_epi16(_mm256_and_si256(v, lo));
+                    w[4 * k + 2 + h] = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo));
+                }
+            steps = 8;  /* x offsets 8k (low nibbles) and 8k + 4 (high nibbles) */
+        } else {
+            const uint8_t *p = L->q + blk * 512;
+            for (int k = 0; k < 8; k++)
+                for (int h = 0; h < 2; h++)
+                    w[2 * k + h] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p + 64 * k + 32 * h)));
+            steps = 8;  /* x offsets 4k */
+        }
+        const float *d = L->d + blk * TILE;
+        __m512 dv = _mm512_loadu_ps(d);
+        for (int j = 0; j < m; j++) {
+            const int16_t *x = xq[j] + b * QK;
+            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+            for (int k = 0; k < steps; k++) {
+                /* W4: step k = 2k' + e covers x[8k' + 4e ..]; W8: step k covers x[4k ..]: both are x + 4k */
+                __m512i xb = _mm512_set1_epi64(x4(x + 4 * k));
+                int wi = L->kind == SC_W4 ? 4 * (k >> 1) + 2 * (k & 1) : 2 * k;
+                s0 = _mm512_dpwssd_epi32(s0, w[wi], xb);
+                s1 = _mm512_dpwssd_epi32(s1, w[wi + 1], xb);
+            }
+            __m512i sum = _mm512_add_epi32(_mm512_permutex2var_epi32(s0, even, s1),
+                                           _mm512_permutex2var_epi32(s0, odd, s1));
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dv, _mm512_set1_ps(xd[j][b])), acc[j]);
+            if (L->kind == SC_W4)
+                acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(L->m + blk * TILE),
+                                         _mm512_set1_ps(xd[j][b] * (float)xs[j][b]), acc[j]);
+        }
+    }
+    for (int j = 0; j < m; j++) _mm512_storeu_ps(out[j], acc[j]);
+}
 #endif
 
 typedef void (*tile_fn)(const sc_linear *, int, const int16_t *, const float *, const int32_t *, float *);
@@ -340,6 +395,27 @@ static void matmul(const sc_linear *L, int n, const float *xf, const q16_rows *x
             }
         return;
     }
+#if defined(__x86_64__)
+    if (isa == SC_AVX512VNNI && n > 1) {
+        #pragma omp parallel for schedule(static) num_threads(nt)
+        for (int t = 0; t < tiles; t++)
+            for (int i = 0; i < n; i += MULTI) {
+                int m = n - i < MULTI ? n - i : MULTI;
+                const int16_t *q[MULTI];
+                const float *dd[MULTI];
+                const int32_t *ss[MULTI];
+                float *o[MULTI];
+                for (int j = 0; j < m; j++) {
+                    q[j] = xq->q + (size_t)(i + j) * L->n_in;
+                    dd[j] = xq->d + (size_t)(i + j) * nbq;
+                    ss[j] = xq->s + (size_t)(i + j) * nbq;
+                    o[j] = y + (size_t)(i + j) * L->n_out + t * TILE;
+                }
+                tiles_avx512vnni(L, t, q, dd, ss, m, o);
+            }
+        return;
+    }
+#endif
     tile_fn f = tile_kernel(isa);
     #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < tiles; t++)
