@@ -145,3 +145,47 @@ def test_generation_with_a_reasoning_budget_runs(capsys):
     assert main(["generate", "-p", "Think step by step: 2 + 2 =", "-n", "6", "-s", "2", "--reasoning-budget", "0",
                  "--no-perf"]) == 0
     assert capsys.readouterr().out.strip()
+
+
+COPY = ("Text: The ocean covers seventy percent of the planet. Its currents move heat from the equator to the poles, "
+        "and its depths store carbon for centuries.\n\nThe same text, copied exactly:\n\nText: The ocean")
+
+
+@pytest.mark.parametrize("spec", [["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3"],
+                                  ["--spec-type", "ngram-map-k,ngram-mod", "--spec-ngram-map-k-size-n", "2"],
+                                  ["--spec-default"], ["--spec-type", "ngram-cache"]])
+def test_speculative_flags_give_the_same_text(spec, capsys):
+    base = ["generate", "-p", COPY, "-n", "32", "--temp", "0"]
+    assert main([*base, "--no-perf"]) == 0
+    want = capsys.readouterr().out
+    assert main([*base, *spec]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == want
+    assert "speculative = " in captured.err
+
+
+def test_draft_model_flags(capsys):
+    base = ["generate", "-p", COPY, "-n", "16", "--temp", "0", "--no-perf"]
+    assert main(base) == 0
+    want = capsys.readouterr().out
+    assert main([*base, "--spec-type", "draft-simple", "-md", "smollm2", "--draft-max", "4"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == want and "draft-simple" in captured.err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--spec-type", "ngram-magic"], "ngram-magic"),
+    (["--spec-type", "draft-simple"], "needs a draft model"),
+    (["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "0"], "n_match"),
+    (["--draft-min", "9", "--draft-max", "4", "--spec-type", "ngram-simple"], "draft-min 9 exceeds draft-max 4"),
+])
+def test_bad_speculative_flags(args, message, capsys):
+    assert main(["generate", "-p", "Hi", "-n", "2", *args]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_bad_draft_numbers_are_usage_errors(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--draft-max", "-1"])
+    assert e.value.code == 2 and "--draft-max" in capsys.readouterr().err

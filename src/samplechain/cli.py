@@ -148,6 +148,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="text forced before </think> when the reasoning budget is spent")
     s.add_argument("--perf", dest="perf", action="store_true", default=True, help="print timings (default)")
     s.add_argument("--no-perf", dest="perf", action="store_false")
+    sp = g.add_argument_group("speculative decoding (llama.cpp's flags; the text is the same with or without)")
+    sp.add_argument("--spec-type", action="append", default=[],
+                    help="comma-separated drafters: ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, "
+                         "ngram-cache, draft-simple (with -md), none; repeatable")
+    sp.add_argument("--spec-default", action="store_true", help="ngram-mod with n-match 24, n-min 48, n-max 64")
+    sp.add_argument("-md", "--model-draft", default=None, help="draft model GGUF (used by --spec-type draft-simple)")
+    sp.add_argument("--draft-max", "--draft", "--draft-n", "--spec-draft-n-max", dest="draft_max",
+                    type=_non_negative_int, default=16, help="longest draft (the length adapts below it)")
+    sp.add_argument("--draft-min", "--draft-n-min", "--spec-draft-n-min", dest="draft_min",
+                    type=_non_negative_int, default=0, help="shorter drafts are dropped")
+    sp.add_argument("--draft-p-min", "--spec-draft-p-min", dest="draft_p_min", type=_number, default=0.0,
+                    help="draft model: stop drafting below this top-10 probability")
+    sp.add_argument("--spec-verify", choices=("compare", "sample"), default="compare",
+                    help="compare: llama.cpp's sample-and-compare (same text as without drafting); sample: "
+                         "distribution-preserving speculative sampling (draft model)")
+    sp.add_argument("--spec-no-adaptive", action="store_true", help="always draft up to --draft-max")
+    for kind in ("simple", "map-k", "map-k4v"):
+        for what, default in (("size-n", 12), ("size-m", 48), ("min-hits", 1)):
+            sp.add_argument(f"--spec-ngram-{kind}-{what}", type=int, default=default, help=argparse.SUPPRESS)
+    for what, default in (("n-match", 24), ("n-min", 48), ("n-max", 64)):
+        sp.add_argument(f"--spec-ngram-mod-{what}", type=int, default=default, help=argparse.SUPPRESS)
+    sp.add_argument("-lcs", "--lookup-cache-static", default=None, help="ngram-cache: static n-gram statistics")
+    sp.add_argument("-lcd", "--lookup-cache-dynamic", default=None, help="ngram-cache: dynamic n-gram statistics")
     c = g.add_argument_group("constrained output")
     c.add_argument("--grammar", default=None, help="GBNF grammar the output must follow")
     c.add_argument("--grammar-file", default=None, help="read the GBNF grammar from a file")
@@ -270,13 +293,14 @@ def generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.n_probs:
         model.on_token = lambda token, sampler: probs.append((token, sampler.top_probs(args.n_probs)))
     timings = model.timings
+    speculation = _speculation(args, model)
     try:
         if args.conversation or args.interactive:
             timings = _interactive(model, params, args, prompt, ctx, probs)
         else:
             _stream(model.generate(prompt, params, args.n_predict, chat=args.chat, n_keep=args.keep,
                                    context_shift=args.context_shift, prompt_cache=args.prompt_cache,
-                                   prompt_cache_ro=args.prompt_cache_ro, context=ctx))
+                                   prompt_cache_ro=args.prompt_cache_ro, context=ctx, speculation=speculation))
             sys.stdout.write("\n")
             timings = model.timings
             _print_probs(model, probs)
@@ -289,7 +313,51 @@ def generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     sys.stdout.flush()
     if args.perf:
         print(timings.report(), file=sys.stderr)
+    if speculation is not None:
+        print(speculation.report(), file=sys.stderr)
     return 0
+
+
+def _spec_types(args: argparse.Namespace) -> list[str]:
+    types = [t for value in args.spec_type for t in ([value] if "none" not in value.split(",") else [])]
+    if args.spec_default:
+        types.append("ngram-mod")
+    return types
+
+
+def _speculation(args: argparse.Namespace, model: object) -> object | None:
+    """The drafters the flags ask for (llama.cpp: a draft model is used only with --spec-type draft-simple)."""
+    from samplechain.runtime.speculation import Speculation
+    from samplechain.speculative.ngram import make_drafters
+
+    types = _spec_types(args)
+    names = {t.strip() for value in types for t in value.split(",")}
+    if args.model_draft is not None and "draft-simple" not in names:
+        print("note: -md is used only with --spec-type draft-simple", file=sys.stderr)
+    if not names:
+        return None
+    params = {f"ngram_{kind.replace('-', '_')}_{what.replace('-', '_')}":
+              getattr(args, f"spec_ngram_{kind.replace('-', '_')}_{what.replace('-', '_')}")
+              for kind in ("simple", "map-k", "map-k4v") for what in ("size-n", "size-m", "min-hits")}
+    if args.spec_default:
+        params.update(ngram_mod_n_match=24, ngram_mod_n_min=48, ngram_mod_n_max=64)
+    else:
+        params.update(ngram_mod_n_match=args.spec_ngram_mod_n_match, ngram_mod_n_min=args.spec_ngram_mod_n_min,
+                      ngram_mod_n_max=args.spec_ngram_mod_n_max)
+    params.update(lookup_cache_static=args.lookup_cache_static, lookup_cache_dynamic=args.lookup_cache_dynamic)
+    drafters = make_drafters(types, **params)
+    if "draft-simple" in names:
+        if args.model_draft is None:
+            raise ValueError("--spec-type draft-simple needs a draft model (-md)")
+        from samplechain.runtime import load_model
+        from samplechain.speculative.draft_model import DraftModel
+
+        draft = load_model(args.model_draft, device=args.device, n_threads=args.threads)
+        drafters.append(DraftModel(draft, model.vocab, n_max=max(1, args.draft_max),  # type: ignore[attr-defined]
+                                   n_min=args.draft_min, p_min=args.draft_p_min, n_ctx=args.ctx_size or 4096,
+                                   sample=args.spec_verify == "sample", seed=args.seed))
+    return Speculation(drafters, n_max=args.draft_max, n_min=args.draft_min, adaptive=not args.spec_no_adaptive,
+                       verify=args.spec_verify, seed=args.seed)
 
 
 def _stream(pieces: Iterable[str]) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -25,17 +25,22 @@ from samplechain.candidates import Candidates
 from samplechain.params import CommonSampler
 
 
+@runtime_checkable
 class Drafter(Protocol):
-    """A draft strategy (llama.cpp's ``common_speculative`` implementations)."""
+    """One sequence's draft strategy (llama.cpp's ``common_speculative`` implementations), driven by the
+    verification loop (spec/speculative §1.4)."""
 
-    name: str
-    n_max: int
+    name: str  # llama.cpp's type name, e.g. "ngram-simple"
+    n_max: int  # the longest draft it can return (spec §1.5)
 
-    def begin(self, prompt: Sequence[int]) -> None: ...
+    def begin(self, prompt: Sequence[int]) -> None:
+        """After prompt processing: index the prompt."""
 
-    def draft(self, history: Sequence[int], id_last: int) -> list[int]: ...
+    def draft(self, history: Sequence[int], id_last: int) -> list[int]:
+        """A draft to follow ``id_last`` (``history`` = tokens in the context, without ``id_last``); may be []."""
 
-    def accept(self, n_accepted: int, is_other: bool = False) -> None: ...
+    def accept(self, n_accepted: int, is_other: bool = False) -> None:
+        """After verification; ``is_other`` when another drafter's draft was the one verified."""
 
 
 @dataclass
