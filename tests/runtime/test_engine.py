@@ -148,9 +148,10 @@ def test_choice_is_measured_once_and_cached(smol, kernel_cache, monkeypatch):
     entry = next(iter(K._read_cache().values()))
     assert entry["kernel"] == chosen.kernel
     assert chosen.kernel.startswith("c-")  # the batch-invariant engine wins here
-    timed = entry["decode_ms"]
-    assert set(timed) == set(K.CPU_CANDIDATES)
-    assert timed[chosen.kernel] == min(timed[n] for n in timed if n.startswith("c-"))
+    assert set(entry["decode_ms"]) == set(entry["batch8_ms"]) == set(K.CPU_CANDIDATES)
+    score = entry["score"]
+    assert score[chosen.kernel] == min(score[n] for n in score if n.startswith("c-"))
+    assert all(score[n] == pytest.approx(entry["decode_ms"][n] + entry["batch8_ms"][n] / 8) for n in score)
 
     def no_measuring(_t):
         raise AssertionError("measured again")

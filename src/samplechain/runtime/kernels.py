@@ -33,7 +33,8 @@ from samplechain.runtime.model import Transformer
 ACCURACY_BOUND = 0.08
 CALIBRATION = np.array([1, 504, 3458, 2365, 1790, 260, 15451, 5346, 253, 2756, 28, 837, 314, 30, 216, 40],
                        dtype=np.int64)
-DECODE_STEPS = 6
+DECODE_STEPS = 10
+BATCH = 8
 
 
 def _c(isa: str) -> Callable[[Transformer], Transformer]:
@@ -73,10 +74,16 @@ class Trial:
     agreement: float | None = None
     invariant: bool = False
     problem: str | None = None
+    batch_ms: float | None = None  # a BATCH-token forward
+    score: float | None = None  # decode_ms + batch_ms / BATCH: what the choice minimises
 
     @property
     def eligible(self) -> bool:
         return self.problem is None and self.decode_ms is not None
+
+    @property
+    def eligible_to_time(self) -> bool:
+        return self.problem is None
 
 
 def shape_key(t: Transformer) -> str:
@@ -137,14 +144,53 @@ def _logits(t: Transformer, tokens: np.ndarray) -> torch.Tensor:
     return t.forward(cache, tokens, np.arange(n), [(0,)] * n, np.ones(n, dtype=bool))
 
 
-def trial(t: Transformer, name: str, reference: torch.Tensor, budget_ms: float | None = None) -> Trial:
-    """Accuracy against ``reference`` and the median decode step of candidate ``name``."""
+class _Timing:
+    """One candidate being timed: its model, a cache with the calibration prompt, the steps so far."""
+
+    def __init__(self, cand: Transformer, tokens: np.ndarray) -> None:
+        self.cand, self.tokens = cand, tokens
+        self.times: list[float] = []  # decode steps (1 token), ms
+        self.batch_times: list[float] = []  # prompt / verify shapes (BATCH tokens), ms
+        self.cache = cand.new_cache(32 + (BATCH + 1) * DECODE_STEPS)
+        n = len(tokens)
+        cand.forward(self.cache, tokens, np.arange(n), [(0,)] * n, np.arange(n) == n - 1)
+        self.n_past = n
+
+    def _timed(self, n: int) -> float:
+        toks = np.resize(self.tokens, n)
+        start = time.perf_counter()
+        self.cand.forward(self.cache, toks, np.arange(self.n_past, self.n_past + n), [(0,)] * n,
+                          np.arange(n) == n - 1)
+        if self.cand.device.type == "cuda":
+            torch.cuda.synchronize(self.cand.device)
+        self.n_past += n
+        return (time.perf_counter() - start) * 1e3
+
+    def step(self) -> None:
+        self.times.append(self._timed(1))
+        self.batch_times.append(self._timed(BATCH))
+
+    @property
+    def best(self) -> float:
+        """The fastest decode step after the first (a busy machine only slows a step down: the fastest is its
+        cost)."""
+        return min(self.times[1:] or self.times)
+
+    @property
+    def score(self) -> float:
+        """What a candidate is chosen by: a decode step plus a token's share of a BATCH-token forward (prompt
+        processing and speculative verification)."""
+        return self.best + min(self.batch_times[1:] or self.batch_times) / BATCH
+
+
+def trial(t: Transformer, name: str, reference: torch.Tensor) -> tuple[Trial, _Timing | None]:
+    """Candidate ``name`` built and checked against ``reference``; its timing is set up, not yet run."""
     result = Trial(name, invariant=candidates(t)[name][1])
     try:
         cand = build_candidate(t, name)
     except EngineUnavailable as e:
         result.problem = str(e)
-        return result
+        return result, None
     tokens = CALIBRATION % t.config.n_vocab
     logits = _logits(cand, tokens)
     scale = float(reference.abs().max())
@@ -152,32 +198,30 @@ def trial(t: Transformer, name: str, reference: torch.Tensor, budget_ms: float |
     result.agreement = float((logits.argmax(-1) == reference.argmax(-1)).float().mean())
     if not result.error <= ACCURACY_BOUND:
         result.problem = f"outside the accuracy bound (error {result.error:.3f} > {ACCURACY_BOUND})"
-    cache = cand.new_cache(64)
-    n = len(tokens)
-    cand.forward(cache, tokens, np.arange(n), [(0,)] * n, np.arange(n) == n - 1)
-    times = []
-    for i in range(DECODE_STEPS):
-        start = time.perf_counter()
-        cand.forward(cache, tokens[i:i + 1], np.array([n + i]), [(0,)], np.ones(1, dtype=bool))
-        if t.device.type == "cuda":
-            torch.cuda.synchronize(t.device)
-        times.append((time.perf_counter() - start) * 1e3)
-        if budget_ms is not None and len(times) >= 3 and min(times[1:]) > budget_ms:
-            break  # far slower than the best so far: no need for a precise number
-    result.decode_ms = min(times[1:] or times)  # a busy machine only slows a step down: the fastest is its cost
-    return result
+    return result, _Timing(cand, tokens)
 
 
 def measure(t: Transformer) -> list[Trial]:
-    """Every candidate for the model's device timed and checked (the fastest first)."""
+    """Every candidate for the model's device checked and timed (the fastest first). The candidates take turns,
+    one decode step each, so a burst of load elsewhere on the machine falls on all of them alike; one that is
+    five times slower than the best after three steps stops early."""
     has_q4 = any(lin.q4 is not None for layer in t.layers for lin in (layer.qkv, layer.gate_up))
     names = [n for n in candidates(t) if has_q4 or not n.startswith("torch-int4")]
     reference = _logits(t.dense(), CALIBRATION % t.config.n_vocab)
-    trials: list[Trial] = []
-    for name in names:
-        best = min((r.decode_ms for r in trials if r.eligible), default=None)
-        trials.append(trial(t, name, reference, None if best is None else 5 * best))
-    return sorted(trials, key=lambda r: (r.decode_ms is None, r.decode_ms or 0.0))
+    runs = [trial(t, name, reference) for name in names]
+    timed = [(r, timing) for r, timing in runs if timing is not None]
+    for round_ in range(DECODE_STEPS):
+        best = min((timing.best for r, timing in timed if r.eligible_to_time and timing.times), default=None)
+        for _r, timing in timed:
+            if round_ >= 3 and best is not None and timing.best > 5 * best:
+                continue
+            timing.step()
+    for r, timing in timed:
+        r.decode_ms = timing.best
+        r.score = timing.score
+        r.batch_ms = min(timing.batch_times[1:] or timing.batch_times)
+    trials = [r for r, _ in runs]
+    return sorted(trials, key=lambda r: (r.score is None, r.score or 0.0))
 
 
 def pick(trials: list[Trial]) -> Trial:
@@ -186,7 +230,7 @@ def pick(trials: list[Trial]) -> Trial:
     if not ok:
         raise EngineUnavailable("no CPU kernel candidate met the accuracy bound")
     invariant = [r for r in ok if r.invariant]
-    return min(invariant or ok, key=lambda r: r.decode_ms)  # type: ignore[arg-type, return-value]
+    return min(invariant or ok, key=lambda r: r.score if r.score is not None else r.decode_ms)  # type: ignore
 
 
 def choose_kernel(t: Transformer, name: str | None = None, *, verbose: bool = False) -> Transformer:
@@ -210,6 +254,8 @@ def choose_kernel(t: Transformer, name: str | None = None, *, verbose: bool = Fa
         print(f"warning: no compiled CPU engine here; {best.name} is not batch-invariant", file=sys.stderr)
     _write_cache(key, {"kernel": best.name, "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
                        "decode_ms": {r.name: r.decode_ms for r in trials},
+                       f"batch{BATCH}_ms": {r.name: r.batch_ms for r in trials},
+                       "score": {r.name: r.score for r in trials},
                        "problems": {r.name: r.problem for r in trials if r.problem}})
     if verbose:
         print(report(trials, best.name), file=sys.stderr)
@@ -217,9 +263,10 @@ def choose_kernel(t: Transformer, name: str | None = None, *, verbose: bool = Fa
 
 
 def report(trials: list[Trial], chosen: str) -> str:
-    lines = [f"{'kernel':<16} {'decode ms':>9} {'error':>7} {'top-1':>6}  invariant"]
+    lines = [f"{'kernel':<16} {'decode ms':>9} {f'{BATCH}-token ms':>11} {'error':>7} {'top-1':>6}  invariant"]
     for r in trials:
         ms = f"{r.decode_ms:9.2f}" if r.decode_ms is not None else f"{'-':>9}"
+        ms += f" {r.batch_ms:11.2f}" if r.batch_ms is not None else f" {'-':>11}"
         err = f"{r.error:7.3f}" if r.error is not None else f"{'-':>7}"
         agree = f"{r.agreement:6.2f}" if r.agreement is not None else f"{'-':>6}"
         mark = " <- chosen" if r.name == chosen else f"  ({r.problem})" if r.problem else ""
