@@ -255,12 +255,10 @@ class Model:
             if done:
                 break
             id_last = accepted[-1]
-            if n_past + 1 >= ctx.n_ctx:
-                if not context_shift:
-                    print("\nwarning: context full and context shift is off, stopping", file=sys.stderr)
-                    break
-                n_past = ctx.context_shift(n_past, n_keep)
-                self.context_shifts += 1
+            room = self._make_room(ctx, n_past, n_keep, context_shift)
+            if room is None:
+                break
+            n_past = room
             limit = ctx.n_ctx - n_past - 2
             if n_predict >= 0:  # the accepted drafts and the target's own token stay within n_predict
                 limit = min(limit, n_predict - n_generated - 1)
@@ -317,12 +315,10 @@ class Model:
                         break
             if n_predict >= 0 and n_generated >= n_predict:
                 break
-            if n_past + 1 >= ctx.n_ctx:
-                if not context_shift:
-                    print("\nwarning: context full and context shift is off, stopping", file=sys.stderr)
-                    break
-                n_past = ctx.context_shift(n_past, n_keep)
-                self.context_shifts += 1
+            room = self._make_room(ctx, n_past, n_keep, context_shift)
+            if room is None:
+                break
+            n_past = room
             start = time.perf_counter()
             logits = ctx.decode([token], positions=[n_past])[-1]
             t.eval_ms += (time.perf_counter() - start) * 1e3
@@ -333,6 +329,17 @@ class Model:
         if tail:
             yield tail
         return n_past, [] if token is None else [token]
+
+    def _make_room(self, ctx: Context, n_past: int, n_keep: int, context_shift: bool) -> int | None:
+        """``n_past`` after making room for the next token: a context shift when the context is full, None (with a
+        warning) when it is full and shifting is off."""
+        if n_past + 1 < ctx.n_ctx:
+            return n_past
+        if not context_shift:
+            print("\nwarning: context full and context shift is off, stopping", file=sys.stderr)
+            return None
+        self.context_shifts += 1
+        return ctx.context_shift(n_past, n_keep)
 
     def _device_sampler(self, sampler: CommonSampler) -> BatchSampler | None:
         """llama.cpp's backend sampling: on with ``backend_sampling``, off (with a warning) for grammars and the
