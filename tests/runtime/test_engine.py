@@ -120,6 +120,20 @@ def test_8bit_forms_are_exact(gemma):
         np.testing.assert_array_equal(w.reshape(q.shape), g.dequantize(name).reshape(q.shape))
 
 
+def test_q4_k_maps_exactly_onto_the_4bit_form(gemma):
+    """Q4_K's sub-blocks are 4-bit values with a float32-exact scale (d * sc) and minimum (-dmin * m)."""
+    from samplechain.runtime.weights import q4k_unpack
+
+    g = gemma.gguf
+    names = [n for n in g.tensors if g.info(n).type_name == "Q4_K"]
+    assert len(names) == 27  # every attn_output and half of the ffn_down matrices
+    q, d, m = q4k_unpack(g.raw(names[0]))
+    assert q.max() <= 15
+    w = q.astype(np.float32).reshape(q.shape[0], -1, 32) * d[..., None] + m[..., None]
+    np.testing.assert_array_equal(w.reshape(q.shape), g.dequantize(names[0]).reshape(q.shape))
+    assert gemma.transformer.layers[0].wo.q4 is not None  # runs on the 4-bit kernels
+
+
 def test_4bit_form_is_exact(smol):
     g = smol.gguf
     q, d, m = q4_unpack(g.raw("blk.0.ffn_up.weight"), "Q4_1")

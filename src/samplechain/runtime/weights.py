@@ -17,7 +17,7 @@ import torch
 
 from samplechain.gguf import GGUFFile
 
-INT4_TYPES = {"Q4_0", "Q4_1"}
+INT4_TYPES = {"Q4_0", "Q4_1", "Q4_K"}
 INT8_TYPES = {"Q8_0", "Q5_0"}
 GROUP = 32
 
@@ -36,6 +36,29 @@ def q4_unpack(raw: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.nd
         qs = blocks[:, :, 2:]
     q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(out, -1)
     return q, d, m
+
+
+def q4k_unpack(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K as the 4-bit form: each 32-element sub-block is ``w = (d·sc)·q - dmin·m`` with 6-bit ``sc``/``m``, so
+    its scale ``d·sc`` and minimum ``-dmin·m`` are exact in float32 (llama.cpp's ``dequantize_row_q4_K``)."""
+    out = raw.shape[0]
+    blocks = raw.reshape(out, -1, 144)
+    d = blocks[:, :, 0:2].copy().view(np.float16)[:, :, 0].astype(np.float32)
+    dmin = blocks[:, :, 2:4].copy().view(np.float16)[:, :, 0].astype(np.float32)
+    sc_raw = blocks[:, :, 4:16].astype(np.uint8)
+    qs = blocks[:, :, 16:].reshape(out, -1, 4, 32)  # 4 pairs of sub-blocks: low nibbles, then high nibbles
+    sc = np.empty((*sc_raw.shape[:2], 8), dtype=np.float32)
+    mn = np.empty_like(sc)
+    for j in range(8):  # get_scale_min_k4
+        if j < 4:
+            sc[..., j], mn[..., j] = sc_raw[..., j] & 63, sc_raw[..., j + 4] & 63
+        else:
+            sc[..., j] = (sc_raw[..., j + 4] & 0xF) | ((sc_raw[..., j - 4] >> 6) << 4)
+            mn[..., j] = (sc_raw[..., j + 4] >> 4) | ((sc_raw[..., j] >> 6) << 4)
+    q = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(out, -1)  # sub-block 2i: low nibbles of pair i, 2i+1: high
+    scale = (d[..., None] * sc).reshape(out, -1)
+    minimum = -(dmin[..., None] * mn).reshape(out, -1)
+    return q, scale, minimum
 
 
 def q8_unpack(raw: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
@@ -138,8 +161,9 @@ class WeightLoader:
         """The weight matrix ``name`` as a Linear; ``rows`` reorders its output rows."""
         info = self.gguf.info(name)
         exact = self.quantized and len(info.shape) == 2 and info.shape[1] % GROUP == 0
-        if exact and info.type_name in INT4_TYPES:
-            q4 = q4_unpack(self.gguf.raw(name), info.type_name)
+        if exact and info.type_name in INT4_TYPES and (info.type_name != "Q4_K" or info.shape[1] % 256 == 0):
+            raw = self.gguf.raw(name)
+            q4 = q4k_unpack(raw) if info.type_name == "Q4_K" else q4_unpack(raw, info.type_name)
             return Linear(q4=q4 if rows is None else tuple(a[rows] for a in q4), int4_dtype=torch.float32)  # type: ignore[arg-type]
         if exact and info.type_name in INT8_TYPES:
             q8 = q8_unpack(self.gguf.raw(name), info.type_name)
