@@ -80,6 +80,12 @@ def header_text(model: Model, system: str | None) -> str:
     return a[:n]
 
 
+def header_tokens(model: Model, system: str | None) -> int:
+    """How many cache positions ``header_text`` takes at the start of a conversation (BOS included)."""
+    text = header_text(model, system)
+    return len(model.tokenize(text, add_special=not starts_with_bos(model.vocab, text)))
+
+
 class ChatSession:
     """A conversation with a model: ``send(text)`` streams the answer; the history lives in the KV cache."""
 
@@ -96,8 +102,7 @@ class ChatSession:
         self.ctx.clear()
         self.template = template  # False: plain text turns (llama-cli's interactive mode without a chat template)
         self.messages: list[dict[str, str]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
-        header = header_text(model, system_prompt) if template else ""
-        self.n_keep = len(model.tokenize(header, add_special=False)) + int(model.vocab.add_bos)
+        self.n_keep = header_tokens(model, system_prompt) if template else int(model.vocab.add_bos)
         self.n_past = 0
         self.pending: list[int] = []  # sampled and accepted, not yet in the cache
         self.timings: Timings = model.timings.__class__(load_ms=model.load_ms, kernel=model.transformer.kernel)

@@ -21,19 +21,6 @@ from samplechain.runtime.model import Transformer
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
-class _KV:
-    """The two cache tensors, standing in for the KV cache inside a traced step."""
-
-    def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k, self.v = k, v
-
-
-def _plain_step(t: Transformer, k: torch.Tensor, v: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-                cells: torch.Tensor, masks: dict) -> torch.Tensor:
-    return t.logits(t.hidden(_KV(k, v), tokens, positions, cells, masks, k.shape[2]))
-
-
-
 class _Graph:
     """One captured step for batches of up to ``size`` tokens on one cache."""
 
@@ -67,7 +54,8 @@ class _Graph:
             torch.backends.cuda.matmul.allow_tf32 = saved
 
     def _step(self, t: Transformer, cache: KVCache) -> torch.Tensor:
-        return _plain_step(t, cache.k, cache.v, self.tokens, self.positions, self.cells, self.masks)
+        x = t.hidden(cache, self.tokens, self.positions, self.cells, self.masks, cache.k.shape[2])
+        return t.logits(x)
 
     def run(self, tokens: np.ndarray, positions: np.ndarray, cells: np.ndarray, n_kv: int,
             masks: dict[int | None, np.ndarray], rows: np.ndarray) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch
 from samplechain.device import BatchSampler
 from samplechain.gguf import GGUFFile
 from samplechain.params import CommonSampler, SamplingParams
-from samplechain.runtime.chat import BUILTIN_TEMPLATES, builtin_template_name, header_text, render, starts_with_bos
+from samplechain.runtime.chat import BUILTIN_TEMPLATES, builtin_template_name, header_tokens, render, starts_with_bos
 from samplechain.runtime.context import Context
 from samplechain.runtime.kernels import choose_kernel
 from samplechain.runtime.model import ModelConfig, Transformer
@@ -148,7 +148,7 @@ class Model:
             text = self.apply_chat_template(prompt) if chat else prompt
             tokens = self.tokenize(text, add_special=not chat or not starts_with_bos(self.vocab, text))
             if chat and n_keep == 0:  # a context shift keeps the system prompt and the chat header
-                n_keep = len(self.tokenize(header_text(self, None), add_special=False)) - int(self.vocab.add_bos)
+                n_keep = header_tokens(self, None) - int(self.vocab.add_bos)  # (_run adds the BOS back)
         else:
             tokens = [int(t) for t in prompt]
         if not tokens:
