@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import codecs
-import re
 import sys
 from collections.abc import Iterable, Sequence
 from typing import NoReturn
 
-from samplechain.params import DEFAULT_SEQ_BREAKERS, SamplingParams, parse_sampler_chars, parse_sampler_names
-from samplechain.rng import DEFAULT_SEED
+from samplechain.param_specs import cli_non_negative_int as _non_negative_int
+from samplechain.param_specs import cli_number as _number
+from samplechain.param_specs import declarations
+from samplechain.param_specs import unescape as _unescape
+from samplechain.params import SamplingParams
 
 
 class _Parser(argparse.ArgumentParser):
@@ -20,47 +21,28 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
 
 
-def _unsigned_seed(text: str) -> int:
-    value = int(text, 0)
-    if value < -(2**31) or value >= 2**32:
-        raise argparse.ArgumentTypeError(f"seed {text} is out of range")
-    return value & 0xFFFFFFFF
+def add_sampling_arguments(parser_or_group: argparse.ArgumentParser | argparse._ArgumentGroup, *,
+                           constraints: argparse._ArgumentGroup | None = None,
+                           params_type: type[SamplingParams] = SamplingParams) -> None:
+    """Add every sampling flag declared on ``SamplingParams`` (llama.cpp's names and defaults).
+
+    ``generate`` and ``serve`` share them, so the server's per-request defaults are its flags. ``constraints``:
+    where the grammar / JSON-schema flags go (default: with the others).
+    """
+    for d in declarations(params_type):
+        for f in d.cli:
+            target = constraints if f.group == "constraints" and constraints is not None else parser_or_group
+            options = dict(f.options)
+            if "action" not in options and "default" not in options:
+                options["default"] = d.default
+            target.add_argument(*f.names, **options)
 
 
-def _number(text: str) -> float:
-    """A float flag value; NaN is refused (the Python API refuses it too)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value != value:
-        raise argparse.ArgumentTypeError("must be a number, got nan")
-    return value
-
-
-def _budget(text: str) -> int:
-    value = int(text)
-    if value < -1:
-        raise argparse.ArgumentTypeError(f"must be -1 (no limit) or more, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _logit_bias(text: str) -> tuple[int, float]:
-    m = re.fullmatch(r"\s*(\d+)\s*([+-]\s*(?:inf|[0-9.eE+-]+))\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"expected TOKEN_ID(+/-)BIAS, e.g. 15043+1, got {text!r}")
-    return int(m.group(1)), float(m.group(2).replace(" ", ""))
-
-
-def _unescape(text: str) -> str:
-    return codecs.decode(text.encode("utf-8", "backslashreplace"), "unicode_escape") if "\\" in text else text
+def params_from_args(args: argparse.Namespace, *,
+                     params_type: type[SamplingParams] = SamplingParams) -> SamplingParams:
+    """The flags added by :func:`add_sampling_arguments` as ``SamplingParams`` (ValueError on invalid values)."""
+    return params_type(**{d.name: d.value_from_args(args) for d in declarations(params_type)
+                          if d.cli or d.from_args is not None})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,49 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     io.add_argument("--verbose-prompt", action="store_true", help="print the prompt's tokens to stderr")
 
     s = g.add_argument_group("sampling (llama.cpp's flags and defaults)")
-    d = SamplingParams()
-    s.add_argument("--samplers", default=None, help=f"';'-separated sampler names (default {';'.join(d.samplers)})")
-    s.add_argument("--sampler-seq", "--sampling-seq", dest="sampler_seq", default=None,
-                   help="samplers as one letter each (default edskypmxt)")
-    s.add_argument("-s", "--seed", type=_unsigned_seed, default=DEFAULT_SEED, help="RNG seed (-1 = random)")
-    s.add_argument("--ignore-eos", action="store_true", help="never stop at end-of-generation tokens")
-    s.add_argument("--temp", "--temperature", dest="temp", type=_number, default=d.temperature)
-    s.add_argument("--top-k", type=int, default=d.top_k)
-    s.add_argument("--top-p", type=_number, default=d.top_p)
-    s.add_argument("--min-p", type=_number, default=d.min_p)
-    s.add_argument("--top-nsigma", "--top-n-sigma", dest="top_n_sigma", type=_number, default=d.top_n_sigma)
-    s.add_argument("--xtc-probability", type=_number, default=d.xtc_probability)
-    s.add_argument("--xtc-threshold", type=_number, default=d.xtc_threshold)
-    s.add_argument("--typical", "--typical-p", dest="typical", type=_number, default=d.typical_p)
-    s.add_argument("--repeat-last-n", type=int, default=d.repeat_last_n)
-    s.add_argument("--repeat-penalty", type=_number, default=d.repeat_penalty)
-    s.add_argument("--presence-penalty", type=_number, default=d.presence_penalty)
-    s.add_argument("--frequency-penalty", type=_number, default=d.frequency_penalty)
-    s.add_argument("--dry-multiplier", type=_number, default=d.dry_multiplier)
-    s.add_argument("--dry-base", type=_number, default=d.dry_base)
-    s.add_argument("--dry-allowed-length", type=int, default=d.dry_allowed_length)
-    s.add_argument("--dry-penalty-last-n", type=int, default=d.dry_penalty_last_n)
-    s.add_argument("--dry-sequence-breaker", action="append", default=None,
-                   help="repeatable; the first use replaces the defaults; 'none' clears them")
-    s.add_argument("--adaptive-target", type=_number, default=d.adaptive_target)
-    s.add_argument("--adaptive-decay", type=_number, default=d.adaptive_decay)
-    s.add_argument("--dynatemp-range", type=_number, default=d.dynatemp_range)
-    s.add_argument("--dynatemp-exp", type=_number, default=d.dynatemp_exponent)
-    s.add_argument("--mirostat", type=int, choices=(0, 1, 2), default=d.mirostat)
-    s.add_argument("--mirostat-lr", type=_number, default=d.mirostat_eta)
-    s.add_argument("--mirostat-ent", type=_number, default=d.mirostat_tau)
-    s.add_argument("-l", "--logit-bias", type=_logit_bias, action="append", default=[])
-    s.add_argument("-bs", "--backend-sampling", action="store_true",
-                   help="run the chain's leading samplers on the model's device (the final draw on the CPU)")
-    s.add_argument("--backend-dist", action="store_true",
-                   help="with backend sampling, draw the token on the device too (implies --backend-sampling)")
-    s.add_argument("--reasoning-budget", type=_budget, default=-1,
-                   help="tokens allowed inside a <think> ... </think> block (-1 = no limit, 0 = none)")
-    s.add_argument("--reasoning-budget-message", default="",
-                   help="text forced before </think> when the reasoning budget is spent")
-    s.add_argument("--perf", dest="perf", action="store_true", default=True, help="print timings (default)")
-    s.add_argument("--no-perf", dest="perf", action="store_false")
     sp = g.add_argument_group("speculative decoding (llama.cpp's flags; the text is the same with or without)")
+    c = g.add_argument_group("constrained output")
+    add_sampling_arguments(s, constraints=c)
     sp.add_argument("--spec-type", action="append", default=[],
                     help="comma-separated drafters: ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, "
                          "ngram-cache, draft-simple (with -md), none; repeatable")
@@ -171,80 +113,96 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument(f"--spec-ngram-mod-{what}", type=int, default=default, help=argparse.SUPPRESS)
     sp.add_argument("-lcs", "--lookup-cache-static", default=None, help="ngram-cache: static n-gram statistics")
     sp.add_argument("-lcd", "--lookup-cache-dynamic", default=None, help="ngram-cache: dynamic n-gram statistics")
-    c = g.add_argument_group("constrained output")
-    c.add_argument("--grammar", default=None, help="GBNF grammar the output must follow")
-    c.add_argument("--grammar-file", default=None, help="read the GBNF grammar from a file")
-    c.add_argument("-j", "--json-schema", default=None,
-                   help='JSON Schema the output must follow, e.g. \'{"type": "object"}\' ({} = any JSON value)')
-    c.add_argument("-jf", "--json-schema-file", default=None, help="read the JSON Schema from a file")
+    _add_serve_parser(sub)
     return parser
 
 
-def _read(path: str, what: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except OSError as e:
-        raise ValueError(f"cannot read {what} {path}: {e.strerror}") from None
+def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    """``samplechain serve``: llama-server's flags that matter (spec/server.md §9); the sampling flags become
+    every request's defaults."""
+    sv = sub.add_parser("serve", help="HTTP server: llama-server's and OpenAI's API, continuously batched")
+    o = sv.add_argument_group("server")
+    o.add_argument("-m", "--model", default=None, help="GGUF file, or a packaged model: smollm2 (default), gemma3-270m")
+    o.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    o.add_argument("--port", type=_non_negative_int, default=8080, help="port (default 8080; 0 = any free port)")
+    o.add_argument("-np", "--parallel", type=int, default=-1,
+                   help="slots: requests generated at once (-1 = auto: 4)")
+    o.add_argument("-c", "--ctx-size", type=_non_negative_int, default=0,
+                   help="context size shared by the slots (0 = the model's training context)")
+    o.add_argument("-b", "--batch-size", type=int, default=512, help="tokens per forward (prompt chunks included)")
+    o.add_argument("-ub", "--ubatch-size", type=int, default=512, help=argparse.SUPPRESS)
+    o.add_argument("-n", "--n-predict", "--predict", type=int, default=-1, help="default tokens per request")
+    o.add_argument("--keep", type=int, default=0, help="default tokens kept on context shift (-1 = the prompt)")
+    o.add_argument("-t", "--threads", type=int, default=None, help="CPU threads")
+    o.add_argument("-tb", "--threads-batch", type=int, default=None, help=argparse.SUPPRESS)
+    o.add_argument("--threads-http", type=int, default=-1, help=argparse.SUPPRESS)
+    o.add_argument("--device", default="cpu", help="torch device: cpu or cuda")
+    o.add_argument("--kernel", default=None, help="CPU forward kernel (default: the fastest measured here)")
+    o.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers", type=int, default=None,
+                   help="accepted for llama.cpp compatibility: the whole model runs on --device")
+    o.add_argument("--api-key", default=None, help="comma-separated API keys (also $LLAMA_API_KEY)")
+    o.add_argument("--api-key-file", default=None, help="file with one API key per line (# comments)")
+    o.add_argument("--cors-origins", default="*", help="'*' (echo the Origin), 'localhost', or one origin")
+    o.add_argument("--cors-methods", default="GET, POST, DELETE, OPTIONS")
+    o.add_argument("--cors-headers", default="*")
+    o.add_argument("--cors-credentials", dest="cors_credentials", action="store_true", default=True)
+    o.add_argument("--no-cors-credentials", dest="cors_credentials", action="store_false")
+    o.add_argument("-to", "--timeout", type=int, default=3600, help="HTTP read/write timeout in seconds")
+    o.add_argument("-cb", "--cont-batching", action="store_true", default=True,
+                   help="continuous batching (always on)")
+    o.add_argument("-a", "--alias", default=None, help="model id(s) for the API, comma-separated")
+    o.add_argument("--metrics", action="store_true", help="enable /metrics")
+    o.add_argument("--slots", dest="slots", action="store_true", default=True, help="enable /slots (default)")
+    o.add_argument("--no-slots", dest="slots", action="store_false")
+    o.add_argument("--props", action="store_true", help="allow POST /props")
+    o.add_argument("--context-shift", action="store_true", help="shift a slot's context when it is full")
+    o.add_argument("-r", "--reverse-prompt", action="append", default=[], help="default stop string (repeatable)")
+    o.add_argument("--special", action="store_true", help="render special tokens in the output")
+    o.add_argument("--cache-prompt", dest="cache_prompt", action="store_true", default=True)
+    o.add_argument("--no-cache-prompt", dest="cache_prompt", action="store_false")
+    o.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
+                   help="HTTP server log level")
+    s = sv.add_argument_group("sampling: every request's defaults (llama.cpp's flags and defaults)")
+    add_sampling_arguments(s)
 
 
-def _constraint(args: argparse.Namespace) -> dict:
-    """``grammar`` / ``json_schema`` from the four flags (at most one of them)."""
-    given = [(flag, v) for flag, v in (("--grammar", args.grammar), ("--grammar-file", args.grammar_file),
-                                       ("--json-schema", args.json_schema),
-                                       ("--json-schema-file", args.json_schema_file)) if v is not None]
-    if len(given) > 1:
-        raise ValueError(f"use only one of {', '.join(f for f, _ in given)}")
-    if args.grammar is not None:
-        return {"grammar": args.grammar}
-    if args.grammar_file is not None:
-        return {"grammar": _read(args.grammar_file, "grammar file")}
-    if args.json_schema is not None:
-        return {"json_schema": args.json_schema}
-    if args.json_schema_file is not None:
-        return {"json_schema": _read(args.json_schema_file, "JSON schema file")}
-    return {}
+def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    import os
+
+    from samplechain.param_specs import read_text_file
+
+    keys = [k for k in (args.api_key or os.environ.get("LLAMA_API_KEY", "")).split(",") if k]
+    if args.api_key_file is not None:
+        keys += [line.strip() for line in read_text_file(args.api_key_file, "API key file").splitlines()
+                 if line.strip() and not line.lstrip().startswith("#")]
+    return tuple(keys)
 
 
-def params_from_args(args: argparse.Namespace) -> SamplingParams:
-    """The flags as ``SamplingParams`` (ValueError on invalid values, as the params validate them)."""
-    breakers = DEFAULT_SEQ_BREAKERS
-    if args.dry_sequence_breaker is not None:
-        given = [_unescape(b) for b in args.dry_sequence_breaker]
-        breakers = () if given == ["none"] else tuple(given)
-    if args.repeat_last_n < 0:
-        raise ValueError(f"--repeat-last-n must be >= 0, got {args.repeat_last_n}")
-    if args.dry_penalty_last_n < 0:
-        raise ValueError(f"--dry-penalty-last-n must be >= 0, got {args.dry_penalty_last_n}")
-    samplers = SamplingParams().samplers
-    if args.samplers is not None:
-        samplers = parse_sampler_names(args.samplers)
-    elif args.sampler_seq is not None:
-        samplers = parse_sampler_chars(args.sampler_seq)
-    return SamplingParams(
-        seed=args.seed, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, top_n_sigma=args.top_n_sigma,
-        xtc_probability=args.xtc_probability, xtc_threshold=args.xtc_threshold, typical_p=args.typical,
-        temperature=max(0.0, args.temp), dynatemp_range=args.dynatemp_range,
-        dynatemp_exponent=args.dynatemp_exp, repeat_last_n=args.repeat_last_n,
-        n_prev=max(64, args.repeat_last_n), repeat_penalty=args.repeat_penalty,
-        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-        dry_multiplier=args.dry_multiplier, dry_base=args.dry_base, dry_allowed_length=args.dry_allowed_length,
-        dry_penalty_last_n=args.dry_penalty_last_n, dry_sequence_breakers=breakers,
-        adaptive_target=args.adaptive_target, adaptive_decay=args.adaptive_decay, mirostat=args.mirostat,
-        mirostat_eta=args.mirostat_lr, mirostat_tau=args.mirostat_ent, ignore_eos=args.ignore_eos,
-        no_perf=not args.perf, backend_sampling=args.backend_sampling or args.backend_dist,
-        backend_dist=args.backend_dist, samplers=samplers, logit_bias=tuple(args.logit_bias), **_constraint(args),
-        **_reasoning(args),
-    )
+def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from samplechain.server.app import ServerConfig
+    from samplechain.server.app import serve as run_server
+    from samplechain.server.request import Defaults
 
-
-def _reasoning(args: argparse.Namespace) -> dict:
-    """The reasoning budget for thinking models' <think> ... </think> blocks (llama.cpp takes the tags from the chat
-    template's thinking markers; these are the common ones)."""
-    if args.reasoning_budget < 0 and not args.reasoning_budget_message:
-        return {}
-    return {"reasoning_budget_tokens": args.reasoning_budget, "reasoning_budget_message": args.reasoning_budget_message,
-            "reasoning_budget_start_tag": "<think>", "reasoning_budget_end_tags": ("</think>",)}
+    if args.parallel == 0 or args.parallel < -1:
+        parser.error(f"-np/--parallel must be -1 (auto) or positive, got {args.parallel}")
+    if args.batch_size < 1:
+        parser.error(f"-b/--batch-size must be positive, got {args.batch_size}")
+    if args.n_predict < -1:
+        parser.error(f"-n/--n-predict must be -1 or more, got {args.n_predict}")
+    params = params_from_args(args)
+    _check_constraint(params)
+    defaults = Defaults(params=params, n_predict=args.n_predict, n_keep=args.keep,
+                        stop=tuple(r for r in args.reverse_prompt if r), cache_prompt=args.cache_prompt)
+    config = ServerConfig(
+        model=args.model, host=args.host, port=args.port, n_slots=4 if args.parallel == -1 else args.parallel,
+        n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads, device=args.device,
+        kernel=args.kernel, api_keys=_api_keys(args), cors_origins=args.cors_origins,
+        cors_methods=args.cors_methods, cors_headers=args.cors_headers, cors_credentials=args.cors_credentials,
+        timeout=args.timeout, metrics=args.metrics, slots=args.slots, props=args.props,
+        alias=tuple(a for a in (args.alias or "").split(",") if a), context_shift=args.context_shift,
+        special=args.special, defaults=defaults)
+    run_server(config, log_level=args.log_level)
+    return 0
 
 
 def _check_constraint(params: SamplingParams) -> None:
@@ -421,6 +379,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command == "serve":
+            return serve(args, parser)
         return generate(args, parser)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

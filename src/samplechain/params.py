@@ -34,6 +34,29 @@ import numpy as np
 from samplechain.candidates import Candidates
 from samplechain.chain import Chain
 from samplechain.grammar import GrammarSampler, json_schema_to_gbnf
+from samplechain.param_specs import (
+    INT32_MAX,
+    at_least,
+    boolean,
+    cli_budget,
+    cli_logit_bias,
+    cli_number,
+    cli_seed,
+    custom,
+    declarations,
+    first_present,
+    flag,
+    hard,
+    integer,
+    json_float,
+    number,
+    param,
+    plain,
+    read_text_file,
+    soft,
+    text,
+    unescape,
+)
 from samplechain.rng import DEFAULT_SEED, check_seed
 from samplechain.samplers import (
     DRY,
@@ -59,8 +82,6 @@ from samplechain.samplers import (
 from samplechain.samplers._ops import check_int, check_number
 from samplechain.samplers.dry import DEFAULT_SEQ_BREAKERS
 from samplechain.vocab import Vocab
-
-INT32_MAX = 2**31 - 1
 
 # canonical name -> (one-letter code, extra accepted names); spec/samplers §5.3
 SAMPLER_TYPES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -114,124 +135,314 @@ def sampler_chars(names: Iterable[str]) -> str:
     return "".join(SAMPLER_TYPES[n][0] for n in names)
 
 
+# --- the declarations' helpers: validation, llama-server's custom rules, the flags' glue ----------------------
+
+def _check_repeat_penalty(name: str, value: object) -> float:
+    rp = check_number(name, value)
+    if not rp > 0.0 or math.isinf(1.0 / rp):
+        raise ValueError(f"{name} must be > 0 with a finite reciprocal, got {rp} (1.0 disables it)")
+    return rp
+
+
+def _check_decay(name: str, value: object) -> float:
+    decay = check_number(name, value)
+    if not 0.0 <= decay <= 0.99:
+        raise ValueError(f"{name} must be in [0, 0.99], got {decay}")
+    return decay
+
+
+def _check_mirostat(name: str, value: object) -> int:
+    mode = check_int(name, value)
+    if mode not in (0, 1, 2):
+        raise ValueError(f"{name} must be 0 (off), 1 or 2, got {mode}")
+    return mode
+
+
+def _check_breakers(name: str, value: object) -> tuple[str, ...]:
+    breakers = (value,) if isinstance(value, str) else tuple(value)  # type: ignore[arg-type]
+    for b in breakers:
+        if not isinstance(b, str):
+            raise ValueError(f"{name} must be strings, got {b!r}")
+    return breakers
+
+
+def _check_grammar(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be GBNF text, got {type(value).__name__}")
+    return value
+
+
+def _check_json_schema(name: str, value: object) -> Any:
+    if value is not None and not isinstance(value, (dict, str, bool)):
+        raise ValueError(f"{name} must be an object (or its JSON text), got {type(value).__name__}")
+    return value
+
+
+def _check_preserved(name: str, value: object) -> tuple[str, ...]:
+    if isinstance(value, str) or not all(isinstance(t, str) for t in value):  # type: ignore[attr-defined]
+        raise ValueError(f"{name} must be a list of strings")
+    return tuple(value)  # type: ignore[arg-type]
+
+
+def _check_budget(name: str, value: object) -> int:
+    budget = check_int(name, value)
+    if not -1 <= budget <= INT32_MAX:
+        raise ValueError(f"{name} must be -1 (no limit) or in [0, {INT32_MAX}], got {budget}")
+    return budget
+
+
+def _check_end_tags(name: str, value: object) -> tuple[str | tuple[int, ...], ...]:
+    ends = (value,) if isinstance(value, str) or not isinstance(value, Iterable) else value
+    # empty tags are skipped, as llama-server does
+    return tuple(t for t in (_tag(name, e) for e in ends) if t)
+
+
+def _check_forced(name: str, value: object) -> tuple[int, ...] | None:
+    return None if value is None else _token_list(name, value)
+
+
+def _read_dry_base(value: object, default: float) -> float:
+    x = json_float(value)
+    return x if x >= 1.0 else default  # llama-server: a base below 1 is replaced by the server's default
+
+
+def _read_breakers(value: object, default: object) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(s, str) for s in value):
+        raise ValueError("Error: dry_sequence_breakers must be a non-empty array of strings")
+    return tuple(value)
+
+
+def _read_samplers(value: object, default: object) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return parse_sampler_chars(value)
+    if isinstance(value, list):
+        return parse_sampler_names(value)
+    raise ValueError("must be an array of names or a string of one-letter codes")
+
+
+_STRTOL_ID = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
+
+
+def _read_logit_bias(value: object, default: object) -> tuple[tuple[int | str, float], ...]:
+    """llama-server's reading: ``[[token_or_text, bias_or_false], ...]`` or ``{"token_or_text": bias_or_false}``;
+    malformed entries, ``true`` biases and ids outside [0, 2^31) are skipped; any other value clears the biases."""
+    if isinstance(value, list):
+        items: Iterable = (e for e in value if isinstance(e, list) and len(e) == 2)
+    elif isinstance(value, Mapping):
+        items = value.items()
+    else:
+        return ()
+    out: list[tuple[int | str, float]] = []
+    for token, bias in items:
+        if bias is False:
+            bias = -math.inf
+        elif isinstance(bias, bool) or not isinstance(bias, (int, float)) or math.isnan(bias) or bias == math.inf:
+            continue
+        if isinstance(value, Mapping) and isinstance(token, str):  # a key strtol reads whole is an id ("" is 0)
+            m = _STRTOL_ID.fullmatch(token)
+            token = int(m.group(1)) if m else 0 if token == "" else token
+        if isinstance(token, bool) or not isinstance(token, (int, str)):
+            continue  # only integers and texts are tokens (15.0 is not)
+        if isinstance(token, int) and not 0 <= token <= INT32_MAX:
+            continue
+        out.append((token, float(bias)))
+    return tuple(out)
+
+
+def _read_json_schema(value: object, default: object) -> Any:
+    if not isinstance(value, (dict, bool)):
+        raise ValueError("must be an object")
+    return value
+
+
+def _read_array(value: object, default: object) -> tuple:
+    if not isinstance(value, list):
+        raise ValueError("must be an array")
+    return tuple(value)
+
+
+def _read_end_tags(value: object, default: object) -> object:
+    if not isinstance(value, (str, list)):  # reasoning_budget_end_tag: one tag
+        raise ValueError("must be an array of strings (or one string)")
+    return value
+
+
+def _breakers_from_args(args: Any) -> tuple[str, ...]:
+    """``--dry-sequence-breaker``: the first use replaces the defaults; ``none`` clears them."""
+    if args.dry_sequence_breaker is None:
+        return DEFAULT_SEQ_BREAKERS
+    given = [unescape(b) for b in args.dry_sequence_breaker]
+    return () if given == ["none"] else tuple(given)
+
+
+def _samplers_from_args(args: Any) -> tuple[str, ...]:
+    if args.samplers is not None:
+        return parse_sampler_names(args.samplers)
+    if args.sampler_seq is not None:
+        return parse_sampler_chars(args.sampler_seq)
+    return DEFAULT_SAMPLERS
+
+
+def _one_constraint(args: Any) -> None:
+    """At most one of the grammar / JSON-schema flags."""
+    flags = [f for d in declarations(SamplingParams) for f in d.cli if f.group == "constraints"]
+    given = [next(n for n in f.names if n.startswith("--")) for f in flags if getattr(args, f.dest) is not None]
+    if len(given) > 1:
+        raise ValueError(f"use only one of {', '.join(given)}")
+
+
+def _grammar_from_args(args: Any) -> str:
+    _one_constraint(args)
+    if args.grammar_file is not None:
+        return read_text_file(args.grammar_file, "grammar file")
+    return args.grammar if args.grammar is not None else ""
+
+
+def _json_schema_from_args(args: Any) -> str | None:
+    if args.json_schema_file is not None:
+        return read_text_file(args.json_schema_file, "JSON schema file")
+    return args.json_schema
+
+
+def _thinking(args: Any) -> bool:
+    """The reasoning-budget flags are in use: the tags are the common ``<think>`` ones (llama.cpp takes them
+    from the chat template's thinking markers)."""
+    return args.reasoning_budget >= 0 or bool(args.reasoning_budget_message)
+
+
 @dataclass
 class SamplingParams:
-    """Every llama.cpp sampling parameter with its default; field names are llama-server's request fields."""
+    """Every llama.cpp sampling parameter with its default; field names are llama-server's request fields.
 
-    seed: int = DEFAULT_SEED
-    n_prev: int = 64
-    n_probs: int = 0
-    min_keep: int = 0
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    xtc_probability: float = 0.0
-    xtc_threshold: float = 0.10
-    typical_p: float = 1.0
-    temperature: float = 0.80
-    dynatemp_range: float = 0.0
-    dynatemp_exponent: float = 1.0
-    repeat_last_n: int = 64
-    repeat_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    dry_multiplier: float = 0.0
-    dry_base: float = 1.75
-    dry_allowed_length: int = 2
-    dry_penalty_last_n: int = 64
-    dry_sequence_breakers: tuple[str, ...] = DEFAULT_SEQ_BREAKERS
-    adaptive_target: float = -1.0
-    adaptive_decay: float = 0.90
-    mirostat: int = 0
-    top_n_sigma: float = -1.0
-    mirostat_tau: float = 5.0
-    mirostat_eta: float = 0.1
-    ignore_eos: bool = False
-    no_perf: bool = False
-    post_sampling_probs: bool = False
-    backend_sampling: bool = False
-    backend_dist: bool = False  # with backend_sampling: the final draw on the device too (else on the CPU)
-    samplers: tuple[str, ...] = DEFAULT_SAMPLERS
-    logit_bias: tuple[tuple[int | str, float], ...] = ()
-    grammar: str = ""
-    json_schema: Any = None  # a schema (dict) or its JSON text; wins over ``grammar`` (llama-server)
-    grammar_lazy: bool = False
-    grammar_triggers: tuple[tuple[int, str, int | None], ...] = ()  # (type, value, token); TRIGGER_* types
-    preserved_tokens: tuple[str, ...] = ()
+    Each field is declared once, with :func:`~samplechain.param_specs.param`: default, validation, llama-server's
+    names and rule (spec/server §4), command-line flags (spec/samplers §6.2). Validation, ``from_dict``, the CLI
+    flags and the server's request parsing are all generated from these declarations.
+    """
+
+    seed: int = param(DEFAULT_SEED, check=lambda n, v: check_seed(v), json=plain(int),
+                      cli=[flag("-s", "--seed", type=cli_seed, help="RNG seed (-1 = random)")])
+    n_prev: int = param(64, check=integer(0), json=hard(0, INT32_MAX), server=False,
+                        from_args=lambda a: max(64, a.repeat_last_n))  # --repeat-last-n raises the history size
+    n_probs: int = param(0, check=integer(0), json=soft(0, INT32_MAX, int), aliases=["logprobs"])
+    min_keep: int = param(0, check=integer(0), json=hard(0, INT32_MAX))
+    top_k: int = param(40, check=integer(), json=soft(0, INT32_MAX, int), cli=[flag("--top-k", type=int)])
+    top_p: float = param(0.95, check=number, json=soft(0.0, 1.0), cli=[flag("--top-p", type=cli_number)])
+    min_p: float = param(0.05, check=number, json=soft(0.0, 1.0), cli=[flag("--min-p", type=cli_number)])
+    xtc_probability: float = param(0.0, check=number, json=soft(0.0, 1.0),
+                                   cli=[flag("--xtc-probability", type=cli_number)])
+    xtc_threshold: float = param(0.10, check=number, json=soft(0.0, 1.0),
+                                 cli=[flag("--xtc-threshold", type=cli_number)])
+    typical_p: float = param(1.0, check=number, json=plain(float), common_names=["typ_p"],
+                             cli=[flag("--typical", "--typical-p", dest="typical", type=cli_number)])
+    temperature: float = param(0.80, check=number, json=soft(0.0, math.inf), common_names=["temp"],
+                               cli=[flag("--temp", "--temperature", dest="temp", type=cli_number)],
+                               from_args=lambda a: max(0.0, a.temp))  # the CLI clamps --temp to >= 0
+    dynatemp_range: float = param(0.0, check=number, json=plain(float), cli=[flag("--dynatemp-range", type=cli_number)])
+    dynatemp_exponent: float = param(1.0, check=number, json=plain(float),
+                                     cli=[flag("--dynatemp-exp", type=cli_number)])
+    repeat_last_n: int = param(64, check=integer(0), json=hard(0, INT32_MAX), common_names=["penalty_last_n"],
+                               cli=[flag("--repeat-last-n", type=int)],
+                               from_args=at_least("repeat_last_n", "--repeat-last-n", 0))
+    repeat_penalty: float = param(1.0, check=_check_repeat_penalty, json=plain(float),
+                                  common_names=["penalty_repeat"], cli=[flag("--repeat-penalty", type=cli_number)])
+    frequency_penalty: float = param(0.0, check=number, json=plain(float), common_names=["penalty_freq"],
+                                     cli=[flag("--frequency-penalty", type=cli_number)])
+    presence_penalty: float = param(0.0, check=number, json=plain(float), common_names=["penalty_present"],
+                                    cli=[flag("--presence-penalty", type=cli_number)])
+    dry_multiplier: float = param(0.0, check=number, json=plain(float), cli=[flag("--dry-multiplier", type=cli_number)])
+    dry_base: float = param(1.75, check=number, json=custom(_read_dry_base), cli=[flag("--dry-base", type=cli_number)])
+    dry_allowed_length: int = param(2, check=integer(0), json=hard(0, INT32_MAX),
+                                    cli=[flag("--dry-allowed-length", type=int)])
+    dry_penalty_last_n: int = param(64, check=integer(0), json=hard(0, INT32_MAX),
+                                    cli=[flag("--dry-penalty-last-n", type=int)],
+                                    from_args=at_least("dry_penalty_last_n", "--dry-penalty-last-n", 0))
+    dry_sequence_breakers: tuple[str, ...] = param(
+        DEFAULT_SEQ_BREAKERS, check=_check_breakers, json=custom(_read_breakers),
+        cli=[flag("--dry-sequence-breaker", action="append", default=None,
+                  help="repeatable; the first use replaces the defaults; 'none' clears them")],
+        from_args=_breakers_from_args)
+    adaptive_target: float = param(-1.0, check=number, json=soft(-math.inf, 1.0),
+                                   cli=[flag("--adaptive-target", type=cli_number)])
+    adaptive_decay: float = param(0.90, check=_check_decay, json=hard(0.0, 0.99, float),
+                                  cli=[flag("--adaptive-decay", type=cli_number)])
+    mirostat: int = param(0, check=_check_mirostat, json=soft(0, 2, int),
+                          cli=[flag("--mirostat", type=int, choices=(0, 1, 2))])
+    top_n_sigma: float = param(-1.0, check=number, json=plain(float),
+                               cli=[flag("--top-nsigma", "--top-n-sigma", dest="top_n_sigma", type=cli_number)])
+    mirostat_tau: float = param(5.0, check=number, json=plain(float), cli=[flag("--mirostat-ent", type=cli_number)])
+    mirostat_eta: float = param(0.1, check=number, json=plain(float), cli=[flag("--mirostat-lr", type=cli_number)])
+    ignore_eos: bool = param(False, check=boolean, json=plain(bool),
+                             cli=[flag("--ignore-eos", action="store_true",
+                                       help="never stop at end-of-generation tokens")])
+    no_perf: bool = param(False, check=boolean, json=plain(bool), server=False,
+                          cli=[flag("--perf", dest="perf", action="store_true", default=True,
+                                    help="print timings (default)"),
+                               flag("--no-perf", dest="perf", action="store_false")],
+                          from_args=lambda a: not a.perf)
+    post_sampling_probs: bool = param(False, check=boolean, json=plain(bool))
+    backend_sampling: bool = param(
+        False, check=boolean, json=plain(bool),
+        cli=[flag("-bs", "--backend-sampling", action="store_true",
+                  help="run the chain's leading samplers on the model's device (the final draw on the CPU)")],
+        from_args=lambda a: a.backend_sampling or a.backend_dist)
+    # with backend_sampling: the final draw on the device too (else on the CPU)
+    backend_dist: bool = param(
+        False, check=boolean, json=plain(bool), server=False,
+        cli=[flag("--backend-dist", action="store_true",
+                  help="with backend sampling, draw the token on the device too (implies --backend-sampling)")])
+    samplers: tuple[str, ...] = param(
+        DEFAULT_SAMPLERS, check=lambda n, v: parse_sampler_names(v), json=custom(_read_samplers),
+        cli=[flag("--samplers", default=None,
+                  help=f"';'-separated sampler names (default {';'.join(DEFAULT_SAMPLERS)})"),
+             flag("--sampler-seq", "--sampling-seq", dest="sampler_seq", default=None,
+                  help=f"samplers as one letter each (default {sampler_chars(DEFAULT_SAMPLERS)})")],
+        from_args=_samplers_from_args)
+    logit_bias: tuple[tuple[int | str, float], ...] = param(
+        (), check=lambda n, v: _parse_logit_bias(v), json=custom(_read_logit_bias, strict=lambda v, d: v),
+        cli=[flag("-l", "--logit-bias", type=cli_logit_bias, action="append", default=[])],
+        from_args=lambda a: tuple(a.logit_bias))
+    grammar: str = param(
+        "", check=_check_grammar, json=plain(str),
+        cli=[flag("--grammar", default=None, help="GBNF grammar the output must follow", group="constraints"),
+             flag("--grammar-file", default=None, help="read the GBNF grammar from a file", group="constraints")],
+        from_args=_grammar_from_args)
+    # a schema (dict) or its JSON text; wins over ``grammar`` (llama-server uses it only without ``grammar``)
+    json_schema: dict[str, Any] | str | bool | None = param(  # noqa: RUF009 (param() is a dataclasses.field)
+        None, check=_check_json_schema, json=custom(_read_json_schema),
+        cli=[flag("-j", "--json-schema", default=None, group="constraints",
+                  help='JSON Schema the output must follow, e.g. \'{"type": "object"}\' ({} = any JSON value)'),
+             flag("-jf", "--json-schema-file", default=None, help="read the JSON Schema from a file",
+                  group="constraints")],
+        from_args=_json_schema_from_args)
+    grammar_lazy: bool = param(False, check=boolean, json=plain(bool))
+    grammar_triggers: tuple[tuple[int, str, int | None], ...] = param(  # (type, value, token); TRIGGER_* types
+        (), check=lambda n, v: tuple(_parse_trigger(t) for t in v), json=custom(_read_array))
+    preserved_tokens: tuple[str, ...] = param((), check=_check_preserved, json=custom(_read_array))
     # the assistant prefix the chat template already put in the prompt; fed to the reasoning budget, so a prompt
     # ending in a start tag opens the thinking block (llama.cpp also feeds it to output-format grammars)
-    generation_prompt: str = ""
+    generation_prompt: str = param("", check=text, json=plain(str))
     # reasoning budget (spec/samplers §3.19, §5.10); tags are texts (tokenized with special tokens) or token ids
-    reasoning_budget_tokens: int = -1  # tokens allowed inside a thinking block; -1 = no limit
-    reasoning_budget_start_tag: str | tuple[int, ...] = ""
-    reasoning_budget_end_tags: tuple[str | tuple[int, ...], ...] = ()  # the first one closes a forced block
-    reasoning_budget_message: str = ""  # forced before the first end tag when the budget is spent
-    reasoning_budget_forced: tuple[int, ...] | None = None  # token ids forced instead of message + first end tag
-    reasoning_control: bool = False  # keep a budget sampler even without a limit, so force_reasoning_end() works
+    reasoning_budget_tokens: int = param(  # tokens allowed inside a thinking block; -1 = no limit
+        -1, check=_check_budget, json=hard(-1, INT32_MAX), aliases=["thinking_budget_tokens"],
+        cli=[flag("--reasoning-budget", type=cli_budget,
+                  help="tokens allowed inside a <think> ... </think> block (-1 = no limit, 0 = none)")])
+    reasoning_budget_start_tag: str | tuple[int, ...] = param(
+        "", check=lambda n, v: _tag(n, v), json=custom(lambda v, d: v), common_names=["reasoning_budget_start"],
+        from_args=lambda a: "<think>" if _thinking(a) else "")
+    reasoning_budget_end_tags: tuple[str | tuple[int, ...], ...] = param(  # the first one closes a forced block
+        (), check=_check_end_tags, json=custom(_read_end_tags), aliases=["reasoning_budget_end_tag"],
+        common_names=["reasoning_budget_end"], from_args=lambda a: ("</think>",) if _thinking(a) else ())
+    reasoning_budget_message: str = param(  # forced before the first end tag when the budget is spent
+        "", check=text, json=plain(str),
+        cli=[flag("--reasoning-budget-message", help="text forced before </think> when the reasoning budget is spent")])
+    reasoning_budget_forced: tuple[int, ...] | None = param(  # token ids forced instead of message + first end tag
+        None, check=_check_forced, json=custom(lambda v, d: v), server=False)
+    # keep a budget sampler even without a limit, so force_reasoning_end() works
+    reasoning_control: bool = param(False, check=boolean, json=plain(bool))
 
     def __post_init__(self) -> None:
-        self.seed = check_seed(self.seed)
-        for name in ("n_prev", "n_probs", "min_keep", "repeat_last_n", "dry_allowed_length",
-                     "dry_penalty_last_n"):
-            setattr(self, name, check_int(name, getattr(self, name), minimum=0))
-        self.top_k = check_int("top_k", self.top_k)
-        for name in ("top_p", "min_p", "xtc_probability", "xtc_threshold", "typical_p", "temperature",
-                     "dynatemp_range", "dynatemp_exponent", "frequency_penalty", "presence_penalty",
-                     "dry_multiplier", "dry_base", "adaptive_target", "top_n_sigma", "mirostat_tau",
-                     "mirostat_eta"):
-            setattr(self, name, check_number(name, getattr(self, name)))
-        rp = check_number("repeat_penalty", self.repeat_penalty)
-        if not rp > 0.0 or math.isinf(1.0 / rp):
-            raise ValueError(f"repeat_penalty must be > 0 with a finite reciprocal, got {rp} (1.0 disables it)")
-        self.repeat_penalty = rp
-        decay = check_number("adaptive_decay", self.adaptive_decay)
-        if not 0.0 <= decay <= 0.99:
-            raise ValueError(f"adaptive_decay must be in [0, 0.99], got {decay}")
-        self.adaptive_decay = decay
-        self.mirostat = check_int("mirostat", self.mirostat)
-        if self.mirostat not in (0, 1, 2):
-            raise ValueError(f"mirostat must be 0 (off), 1 or 2, got {self.mirostat}")
-        for name in ("ignore_eos", "no_perf", "post_sampling_probs", "backend_sampling", "backend_dist"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        breakers = self.dry_sequence_breakers
-        breakers = (breakers,) if isinstance(breakers, str) else tuple(breakers)
-        for b in breakers:
-            if not isinstance(b, str):
-                raise ValueError(f"dry_sequence_breakers must be strings, got {b!r}")
-        self.dry_sequence_breakers = breakers
-        self.samplers = parse_sampler_names(self.samplers)
-        self.logit_bias = _parse_logit_bias(self.logit_bias)
-        if not isinstance(self.grammar, str):
-            raise ValueError(f"grammar must be GBNF text, got {type(self.grammar).__name__}")
-        if self.json_schema is not None and not isinstance(self.json_schema, (dict, str, bool)):
-            raise ValueError(f"json_schema must be an object (or its JSON text), got {type(self.json_schema).__name__}")
-        if not isinstance(self.grammar_lazy, bool):
-            raise ValueError(f"grammar_lazy must be true or false, got {self.grammar_lazy!r}")
-        self.grammar_triggers = tuple(_parse_trigger(t) for t in self.grammar_triggers)
-        if isinstance(self.preserved_tokens, str) or not all(isinstance(t, str) for t in self.preserved_tokens):
-            raise ValueError("preserved_tokens must be a list of strings")
-        self.preserved_tokens = tuple(self.preserved_tokens)
-        self._check_reasoning_budget()
-
-    def _check_reasoning_budget(self) -> None:
-        budget = check_int("reasoning_budget_tokens", self.reasoning_budget_tokens)
-        if not -1 <= budget <= INT32_MAX:
-            raise ValueError(f"reasoning_budget_tokens must be -1 (no limit) or in [0, {INT32_MAX}], got {budget}")
-        self.reasoning_budget_tokens = budget
-        self.reasoning_budget_start_tag = _tag("reasoning_budget_start_tag", self.reasoning_budget_start_tag)
-        ends = self.reasoning_budget_end_tags
-        if isinstance(ends, str) or not isinstance(ends, Iterable):
-            ends = (ends,)
-        # empty tags are skipped, as llama-server does
-        self.reasoning_budget_end_tags = tuple(t for t in (_tag("reasoning_budget_end_tags", e) for e in ends) if t)
-        for name in ("reasoning_budget_message", "generation_prompt"):
-            if not isinstance(getattr(self, name), str):
-                raise ValueError(f"{name} must be a string, got {getattr(self, name)!r}")
-        if self.reasoning_budget_forced is not None:
-            self.reasoning_budget_forced = _token_list("reasoning_budget_forced", self.reasoning_budget_forced)
-        if not isinstance(self.reasoning_control, bool):
-            raise ValueError(f"reasoning_control must be true or false, got {self.reasoning_control!r}")
+        for d in declarations(type(self)):
+            setattr(self, d.name, d.check(d.name, getattr(self, d.name)))
 
     # --- server request fields ---------------------------------------------------------------------------
 
@@ -239,25 +450,25 @@ class SamplingParams:
     def from_dict(cls, data: Mapping[str, Any]) -> SamplingParams:
         """Parameters from a llama-server request body (sampling fields only; ``null`` = absent).
 
-        Follows the server: clamps where it clamps, errors where it errors; unknown fields and values of the
-        wrong type raise ``ValueError`` naming the field.
+        Reads the fields as the server does (its names, then llama.cpp's ``common_params_sampling`` names;
+        clamps where it clamps), but strictly: unknown fields and invalid values raise ``ValueError`` naming the
+        field. The server itself uses ``samplechain.server.sampling_fields``.
         """
         if not isinstance(data, Mapping):
             raise ValueError(f"sampling parameters must be a JSON object, got {type(data).__name__}")
-        kwargs: dict[str, Any] = {}
-        for key, value in data.items():
-            if value is None:
-                continue
-            name = _ALIASES.get(key, key)
-            if name != key and data.get(name) is not None:
-                continue  # the field's own name wins over an alias (llama-server tries the names in order)
-            parse = _SERVER_FIELDS.get(name)
-            if parse is None:
+        decls = declarations(cls)
+        known = {name for d in decls for name in d.dict_names}
+        for key in data:
+            if key not in known:
                 raise ValueError(f"unknown sampling parameter {key!r}")
-            try:
-                kwargs[name] = parse(value)
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"invalid value for {key!r}: {e}") from None
+        kwargs: dict[str, Any] = {}
+        for d in decls:
+            found = first_present(data, d.dict_names)
+            if found is not None:
+                try:
+                    kwargs[d.name] = d.read_json(found[1], d.default, strict=True)
+                except (TypeError, ValueError) as e:
+                    raise ValueError(f"Field '{found[0]}': {e}") from None
         try:
             return cls(**kwargs)
         except ValueError as e:
@@ -361,143 +572,6 @@ def _parse_trigger(t: object) -> tuple[int, str, int | None]:
     if kind == TRIGGER_TOKEN and token is None:
         raise ValueError(f"grammar trigger {value!r} of type token needs a token id")
     return kind, value, token
-
-
-def _as_int(value: object) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"expected an integer, got {value!r}")
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if not isinstance(value, int):
-        raise ValueError(f"expected an integer, got {value!r}")
-    return value
-
-
-def _as_float(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"expected a number, got {value!r}")
-    return float(value)
-
-
-def _as_bool(value: object) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"expected true or false, got {value!r}")
-    return value
-
-
-def _clamp(lo: float, hi: float, conv=_as_float):
-    def parse(v: object) -> Any:
-        x = conv(v)
-        return x if math.isnan(x) else min(max(x, lo), hi)
-    return parse
-
-
-def _int_range(lo: int, hi: int):
-    def parse(v: object) -> int:
-        x = _as_int(v)
-        if not lo <= x <= hi:
-            raise ValueError(f"must be in [{lo}, {hi}], got {x}")
-        return x
-    return parse
-
-
-def _dry_base(v: object) -> float:
-    x = _as_float(v)
-    return x if x >= 1.0 else 1.75  # the server replaces values below 1 with its default
-
-
-def _breakers(v: object) -> tuple[str, ...]:
-    if not isinstance(v, list) or not v or not all(isinstance(s, str) for s in v):
-        raise ValueError("must be a non-empty array of strings")
-    return tuple(v)
-
-
-def _samplers(v: object) -> tuple[str, ...]:
-    if isinstance(v, str):
-        return parse_sampler_chars(v)
-    if isinstance(v, list):
-        return parse_sampler_names(v)
-    raise ValueError("must be an array of names or a string of one-letter codes")
-
-
-def _string(v: object) -> str:
-    return v if isinstance(v, str) else _fail("must be a string")
-
-
-def _end_tags(v: object) -> tuple[str | tuple[int, ...], ...]:
-    if isinstance(v, str):  # reasoning_budget_end_tag: one tag
-        return (v,)
-    if not isinstance(v, list):
-        raise ValueError("must be an array of strings (or one string)")
-    return tuple(_tag("reasoning_budget_end_tags", t) for t in v)
-
-
-def _seed(v: object) -> int:
-    x = _as_int(v)
-    return DEFAULT_SEED if x == -1 else x
-
-
-_SERVER_FIELDS = {
-    "seed": _seed,
-    "n_prev": _int_range(0, INT32_MAX),
-    "n_probs": lambda v: max(_as_int(v), 0),
-    "min_keep": _int_range(0, INT32_MAX),
-    "top_k": _clamp(0, INT32_MAX, _as_int),
-    "top_p": _clamp(0.0, 1.0),
-    "min_p": _clamp(0.0, 1.0),
-    "xtc_probability": _clamp(0.0, 1.0),
-    "xtc_threshold": _clamp(0.0, 1.0),
-    "typical_p": _as_float,
-    "temperature": _clamp(0.0, math.inf),
-    "dynatemp_range": _as_float,
-    "dynatemp_exponent": _as_float,
-    "repeat_last_n": _int_range(0, INT32_MAX),
-    "repeat_penalty": _as_float,
-    "frequency_penalty": _as_float,
-    "presence_penalty": _as_float,
-    "dry_multiplier": _as_float,
-    "dry_base": _dry_base,
-    "dry_allowed_length": _int_range(0, INT32_MAX),
-    "dry_penalty_last_n": _int_range(0, INT32_MAX),
-    "dry_sequence_breakers": _breakers,
-    "adaptive_target": _clamp(-math.inf, 1.0),
-    "adaptive_decay": _as_float,
-    "mirostat": _clamp(0, 2, _as_int),
-    "top_n_sigma": _as_float,
-    "mirostat_tau": _as_float,
-    "mirostat_eta": _as_float,
-    "ignore_eos": _as_bool,
-    "no_perf": _as_bool,
-    "post_sampling_probs": _as_bool,
-    "backend_sampling": _as_bool,
-    "backend_dist": _as_bool,
-    "samplers": _samplers,
-    "logit_bias": _parse_logit_bias,
-    "grammar": lambda v: v if isinstance(v, str) else _fail("must be a string"),
-    "json_schema": lambda v: v if isinstance(v, (dict, bool)) else _fail("must be an object"),
-    "grammar_lazy": _as_bool,
-    "grammar_triggers": lambda v: tuple(v) if isinstance(v, list) else _fail("must be an array"),
-    "preserved_tokens": lambda v: tuple(v) if isinstance(v, list) else _fail("must be an array"),
-    "generation_prompt": _string,
-    "reasoning_budget_tokens": _int_range(-1, INT32_MAX),
-    "reasoning_budget_start_tag": lambda v: _tag("reasoning_budget_start_tag", v),
-    "reasoning_budget_end_tags": _end_tags,
-    "reasoning_budget_message": _string,
-    "reasoning_budget_forced": lambda v: _token_list("reasoning_budget_forced", v),
-    "reasoning_control": _as_bool,
-}
-
-
-def _fail(message: str) -> Any:
-    raise ValueError(message)
-# llama-server aliases and llama.cpp's common_params_sampling names
-_ALIASES = {
-    "logprobs": "n_probs", "temp": "temperature", "typ_p": "typical_p", "penalty_last_n": "repeat_last_n",
-    "penalty_repeat": "repeat_penalty", "penalty_freq": "frequency_penalty",
-    "penalty_present": "presence_penalty",
-    "thinking_budget_tokens": "reasoning_budget_tokens", "reasoning_budget_end_tag": "reasoning_budget_end_tags",
-    "reasoning_budget_start": "reasoning_budget_start_tag", "reasoning_budget_end": "reasoning_budget_end_tags",
-}
 
 
 class CommonSampler:

@@ -19,14 +19,15 @@ if TYPE_CHECKING:
 class Context:
     """Decodes batches of tokens for up to ``n_seq_max`` sequences sharing one cache of ``n_ctx`` cells."""
 
-    def __init__(self, transformer: Transformer, n_ctx: int = 4096, n_seq_max: int = 1, n_batch: int = 512) -> None:
+    def __init__(self, transformer: Transformer, n_ctx: int = 4096, n_seq_max: int = 1, n_batch: int = 512,
+                 kv_unified: bool = True) -> None:
         if n_ctx < 8:
             raise ValueError(f"n_ctx must be at least 8, got {n_ctx}")
         if n_batch < 1:
             raise ValueError(f"n_batch must be positive, got {n_batch}")
         self.transformer = transformer
         self.n_ctx, self.n_batch = n_ctx, n_batch
-        self.kv = transformer.new_cache(n_ctx, n_seq_max)
+        self.kv = transformer.new_cache(n_ctx, n_seq_max, kv_unified)
 
     @property
     def n_vocab(self) -> int:
@@ -65,7 +66,7 @@ class Context:
             out[-1] = True
         else:
             out[:] = np.asarray(outputs, dtype=bool).reshape(-1)
-        if n > self.kv.size - self.kv.n_used:
+        if self.kv.unified and n > self.kv.size - self.kv.n_used:
             raise KVCacheFull(f"KV cache full: {n} tokens need cells, {self.kv.size - self.kv.n_used} of "
                               f"{self.kv.size} are free (context shift is off or not enough)")
         results = []

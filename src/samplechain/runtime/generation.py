@@ -108,8 +108,10 @@ class Model:
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.vocab.detokenize(ids)
 
-    def new_context(self, n_ctx: int | None = None, n_seq_max: int = 1, n_batch: int = 512) -> Context:
-        return Context(self.transformer, n_ctx or min(4096, self.config.n_ctx_train), n_seq_max, n_batch)
+    def new_context(self, n_ctx: int | None = None, n_seq_max: int = 1, n_batch: int = 512,
+                    kv_unified: bool = True) -> Context:
+        """A context of its own; ``kv_unified=False`` gives each sequence a stream of ``n_ctx / n_seq_max`` cells."""
+        return Context(self.transformer, n_ctx or min(4096, self.config.n_ctx_train), n_seq_max, n_batch, kv_unified)
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]] | str, add_generation_prompt: bool = True) -> str:
         """The model's chat template (jinja2, sandboxed) applied to ``messages`` (or one user message). A GGUF

@@ -3,7 +3,9 @@
 Cells hold one token's keys and values for every layer. Sequence operations only touch cell metadata;
 position changes are recorded per cell as a pending ``shift`` and applied to the stored keys (RoPE re-rotation)
 at the next decode, as llama.cpp's memory update does. Ranges are half-open ``[p0, p1)``; negative ``p0`` means
-0 and negative ``p1`` means infinity. One stream (llama.cpp's unified cache) serves every sequence.
+0 and negative ``p1`` means infinity. By default one stream (llama.cpp's unified cache) serves every sequence; with
+``unified=False`` each sequence gets its own range of cells (llama.cpp's per-sequence streams), so a sequence's
+cells, and with them its attention sums, are laid out the same whatever the other sequences do.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ class KVCache:
 
     def __init__(self, n_layer: int, n_head_kv: int, head_dim_k: int, head_dim_v: int, size: int,
                  n_seq_max: int = 1, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 spare: int = 0):
+                 spare: int = 0, unified: bool = True):
         if size <= 0:
             raise ValueError(f"KV cache size must be positive, got {size}")
         if not 1 <= n_seq_max <= 256:
@@ -35,6 +37,10 @@ class KVCache:
         self.shift = np.zeros(size, dtype=np.int64)
         self.has_shift = False
         self.head = 0
+        self.unified = unified or n_seq_max == 1
+        self.stream_size = size if self.unified else size // n_seq_max
+        if self.stream_size < 1:
+            raise ValueError(f"a KV cache of {size} cells cannot give {n_seq_max} sequences a stream each")
 
     # --- bookkeeping -------------------------------------------------------------------------------
 
@@ -156,8 +162,11 @@ class KVCache:
 
     # --- writing a batch ---------------------------------------------------------------------------
 
-    def find_slot(self, n_tokens: int) -> np.ndarray:
-        """Cells for ``n_tokens`` new tokens: empty cells from ``head`` on, wrapping around (may be non-contiguous)."""
+    def find_slot(self, n_tokens: int, seq_ids: list[tuple[int, ...]] | None = None) -> np.ndarray:
+        """Cells for ``n_tokens`` new tokens: empty cells from ``head`` on, wrapping around (may be non-contiguous).
+        Without a unified cache, each token takes the first empty cells of its (first) sequence's stream."""
+        if not self.unified and seq_ids is not None:
+            return self._find_in_streams(seq_ids)
         if n_tokens > self.size:
             raise KVCacheFull(f"a batch of {n_tokens} tokens does not fit a KV cache of {self.size} cells")
         if self.head > self.n_used + 2 * n_tokens:
@@ -167,6 +176,27 @@ class KVCache:
         if order.size < n_tokens:
             raise KVCacheFull(f"KV cache full: {n_tokens} tokens need cells, {order.size} of {self.size} are free")
         return order[:n_tokens]
+
+    def _find_in_streams(self, seq_ids: list[tuple[int, ...]]) -> np.ndarray:
+        first = np.array([s[0] for s in seq_ids], dtype=np.int64)
+        cells = np.empty(len(seq_ids), dtype=np.int64)
+        for s in np.unique(first).tolist():
+            self._check_seq(s)
+            lo = s * self.stream_size
+            rows = np.flatnonzero(first == s)
+            empty = np.flatnonzero(self.pos[lo:lo + self.stream_size] < 0)
+            if empty.size < rows.size:
+                raise KVCacheFull(f"KV cache full: sequence {s} needs {rows.size} cells, {empty.size} of its "
+                                  f"{self.stream_size} are free")
+            cells[rows] = empty[:rows.size] + lo
+        return cells
+
+    def n_free(self, seq: int | None = None) -> int:
+        """Empty cells left (for ``seq``'s stream when the cache is not unified)."""
+        if self.unified or seq is None:
+            return self.size - self.n_used
+        lo = seq * self.stream_size
+        return int(np.count_nonzero(self.pos[lo:lo + self.stream_size] < 0))
 
     def occupy(self, cells: np.ndarray, positions: np.ndarray, seq_ids: list[tuple[int, ...]]) -> None:
         """Record the metadata of a batch written to ``cells``."""

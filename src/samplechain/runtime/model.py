@@ -229,13 +229,13 @@ class Transformer:
                         for layer in self.layers]
         return other
 
-    def new_cache(self, size: int, n_seq_max: int = 1) -> KVCache:
+    def new_cache(self, size: int, n_seq_max: int = 1, unified: bool = True) -> KVCache:
         c = self.config
         # CUDA graphs run fixed batch shapes: their padding rows write to a spare cell past the end, and the cells
         # are a whole number of attention chunks
         spare = (-size) % ATTN_CHUNK or ATTN_CHUNK if self.device.type == "cuda" else 0
         return KVCache(c.n_layer, c.n_head_kv, c.head_dim, c.head_dim, size, n_seq_max, device=self.device,
-                       spare=spare)
+                       spare=spare, unified=unified)
 
     def layer_base(self, i: int) -> float:
         c = self.config
@@ -267,7 +267,7 @@ class Transformer:
         """Place a batch in the cache: pending K-shifts applied, cells found and occupied. Returns the cells, the
         number of cells to attend over, and the attention mask [n, n_kv] per sliding window (None: global)."""
         self.apply_kv_shift(cache)
-        cells = cache.find_slot(len(positions))
+        cells = cache.find_slot(len(positions), seq_ids)
         cache.occupy(cells, positions, seq_ids)
         n_kv = cache.n_attn
         first_seq = np.array([s[0] for s in seq_ids], dtype=np.int64)

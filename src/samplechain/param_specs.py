@@ -1,0 +1,326 @@
+"""The declaration of a sampling parameter: one place for everything the parameter is.
+
+Each field of ``SamplingParams`` is declared with :func:`param`: its default, how the Python API validates it,
+how llama-server reads it from a request (its names in priority order and its rule: a soft clamp, a hard range,
+or a parser of its own; spec/server §4) and its command-line flags (spec/samplers §6.2). The dataclass's
+validation, ``from_dict``, the ``generate``/``serve`` flags and the server's request parsing all walk these
+declarations, so a new parameter is one declaration.
+
+This module knows nothing of the parameters themselves (they live in ``params``), nor of the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import dataclasses
+import functools
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from samplechain.samplers._ops import check_int, check_number
+
+INT32_MAX = 2**31 - 1
+
+Check = Callable[[str, Any], Any]  # (field name, value) -> the value as stored; ValueError naming the field
+Read = Callable[[Any, Any], Any]  # (JSON value, the server's default) -> the value; ValueError(detail)
+FromArgs = Callable[[argparse.Namespace], Any]
+
+
+# --- JSON values as llama-server reads them (nlohmann::json's conversions) -----------------------------------
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, (list, tuple)):
+        return "array"
+    return "object" if isinstance(value, Mapping) else type(value).__name__
+
+
+def _type_error(expected: str, value: object) -> ValueError:
+    return ValueError(f"[json.exception.type_error.302] type must be {expected}, but is {_json_type(value)}")
+
+
+def json_int(value: object) -> int:
+    """A JSON number as an integer; booleans count as 0/1 (as in llama-server); 1.5 is refused, not truncated."""
+    if isinstance(value, (bool, int)):
+        return int(value)
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(f"expected an integer, got {value!r}")
+        return int(value)
+    raise _type_error("number", value)
+
+
+def json_float(value: object) -> float:
+    """A JSON number as a float; booleans count as 0/1."""
+    if isinstance(value, (bool, int, float)):
+        return float(value)
+    raise _type_error("number", value)
+
+
+def json_bool(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise _type_error("boolean", value)
+
+
+def json_str(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    raise _type_error("string", value)
+
+
+_JSON_READERS: dict[type, Callable[[Any], Any]] = {int: json_int, float: json_float, bool: json_bool, str: json_str}
+
+
+# --- llama-server's rules ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class JsonRule:
+    """How a request's JSON value becomes the field's value.
+
+    ``kind`` names llama-server's rule: ``plain`` (type only), ``soft`` (clamped into ``limits``), ``hard``
+    (outside ``limits`` is an error) or ``custom``. ``strict`` replaces ``read`` in ``SamplingParams.from_dict``
+    where the server is lenient (it skips malformed ``logit_bias`` entries; the Python API refuses them).
+    """
+
+    kind: str
+    read: Read
+    limits: tuple[float, float] | None = None
+    strict: Read | None = None
+
+
+def plain(kind: type) -> JsonRule:
+    """A value of one JSON type (``int``, ``float``, ``bool``, ``str``), no range."""
+    reader = _JSON_READERS[kind]
+    return JsonRule("plain", lambda value, default: reader(value))
+
+
+def soft(lo: float, hi: float, kind: type = float) -> JsonRule:
+    """A number clamped silently into ``[lo, hi]`` (NaN is left for the Python check to refuse)."""
+    reader = _JSON_READERS[kind]
+
+    def read(value: object, default: object) -> Any:
+        x = reader(value)
+        return x if x != x else min(max(x, lo), hi)
+    return JsonRule("soft", read, (lo, hi))
+
+
+def _cpp(x: float, kind: type) -> str:
+    """A number as C++'s ``std::to_string`` writes it (llama-server's range message): ``%d`` or ``%f``."""
+    return f"{int(x)}" if kind is int else f"{float(x):f}"
+
+
+def hard(lo: float, hi: float, kind: type = int) -> JsonRule:
+    """A number that must lie in ``[lo, hi]``; the message is llama-server's, to the character."""
+    reader = _JSON_READERS[kind]
+
+    def read(value: object, default: object) -> Any:
+        x = reader(value)
+        if not lo <= x <= hi:
+            raise ValueError(f"Value must be between {_cpp(lo, kind)} <= value <= {_cpp(hi, kind)}, "
+                             f"but got {_cpp(x, kind)}")
+        return x
+    return JsonRule("hard", read, (lo, hi))
+
+
+def custom(read: Read, strict: Read | None = None) -> JsonRule:
+    """A parser of the field's own: ``read(value, server_default)``."""
+    return JsonRule("custom", read, strict=strict)
+
+
+# --- Python-API checks ---------------------------------------------------------------------------------------
+
+def integer(minimum: int | None = None) -> Check:
+    return lambda name, value: check_int(name, value, minimum=minimum)
+
+
+def number(name: str, value: object) -> float:
+    return check_number(name, value)
+
+
+def boolean(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
+def text(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a string, got {value!r}")
+    return value
+
+
+# --- command-line flags --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Flag:
+    """One command-line option: ``add_argument(*names, **options)``.
+
+    Without ``action`` and ``default``, the parameter's default is the flag's default. ``group`` is
+    ``"sampling"`` or ``"constraints"`` (the grammar and JSON-schema flags, which ``generate`` lists apart).
+    """
+
+    names: tuple[str, ...]
+    options: tuple[tuple[str, Any], ...] = ()
+    group: str = "sampling"
+
+    @property
+    def dest(self) -> str:
+        """The attribute argparse stores the value in."""
+        given = dict(self.options).get("dest")
+        if given is not None:
+            return given
+        name = next((n for n in self.names if n.startswith("--")), self.names[0])
+        return name.lstrip("-").replace("-", "_")
+
+
+def flag(*names: str, group: str = "sampling", **options: Any) -> Flag:
+    return Flag(tuple(names), tuple(options.items()), group)
+
+
+def cli_seed(text: str) -> int:
+    """``-s``: read as unsigned, so -1 wraps to 0xFFFFFFFF (random), as llama.cpp does."""
+    value = int(text, 0)
+    if value < -(2**31) or value >= 2**32:
+        raise argparse.ArgumentTypeError(f"seed {text} is out of range")
+    return value & 0xFFFFFFFF
+
+
+def cli_number(text: str) -> float:
+    """A float flag value; NaN is refused (the Python API refuses it too)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value != value:
+        raise argparse.ArgumentTypeError("must be a number, got nan")
+    return value
+
+
+def cli_budget(text: str) -> int:
+    value = int(text)
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"must be -1 (no limit) or more, got {value}")
+    return value
+
+
+def cli_non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def cli_logit_bias(text: str) -> tuple[int, float]:
+    """``-l TOKEN_ID(+/-)BIAS``, e.g. ``15043+1`` or ``2-inf``."""
+    m = re.fullmatch(r"\s*(\d+)\s*([+-]\s*(?:inf|[0-9.eE+-]+))\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected TOKEN_ID(+/-)BIAS, e.g. 15043+1, got {text!r}")
+    return int(m.group(1)), float(m.group(2).replace(" ", ""))
+
+
+def unescape(text: str) -> str:
+    """``\\n``, ``\\t``, ... processed, as llama.cpp's ``--escape`` does."""
+    return codecs.decode(text.encode("utf-8", "backslashreplace"), "unicode_escape") if "\\" in text else text
+
+
+def read_text_file(path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"cannot read {what} {path}: {e.strerror}") from None
+
+
+def at_least(dest: str, flag_name: str, minimum: int) -> FromArgs:
+    """A flag's value, refused below ``minimum`` with the flag's name (llama.cpp's message for negative counts)."""
+    def from_args(args: argparse.Namespace) -> int:
+        value = getattr(args, dest)
+        if value < minimum:
+            raise ValueError(f"{flag_name} must be >= {minimum}, got {value}")
+        return value
+    return from_args
+
+
+# --- the declaration -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Param:
+    """Everything about one ``SamplingParams`` field; see the module docstring."""
+
+    name: str
+    default: Any
+    check: Check
+    json: JsonRule
+    aliases: tuple[str, ...] = ()  # llama-server's other request names, tried after ``name``, in order
+    server: bool = True  # llama-server reads it from requests (else only ``from_dict`` does)
+    common_names: tuple[str, ...] = ()  # llama.cpp's common_params_sampling names, accepted by ``from_dict``
+    cli: tuple[Flag, ...] = ()
+    from_args: FromArgs | None = None  # the value from parsed flags (default: the single flag's value)
+    doc: str = ""
+
+    @property
+    def request_names(self) -> tuple[str, ...]:
+        """The names llama-server reads, in priority order (empty when it does not read the field)."""
+        return (self.name, *self.aliases) if self.server else ()
+
+    @property
+    def dict_names(self) -> tuple[str, ...]:
+        """The names ``SamplingParams.from_dict`` reads, in priority order."""
+        return (self.name, *self.aliases, *self.common_names)
+
+    def value_from_args(self, args: argparse.Namespace) -> Any:
+        """The field's value from parsed command-line flags."""
+        if self.from_args is not None:
+            return self.from_args(args)
+        if len(self.cli) != 1:
+            raise TypeError(f"{self.name}: declare from_args to combine flags {[f.names for f in self.cli]}")
+        return getattr(args, self.cli[0].dest)
+
+    def read_json(self, value: object, default: object, *, strict: bool = False) -> Any:
+        """A request value (not null) as the checked field value; ValueError with the detail."""
+        read = self.json.strict if strict and self.json.strict is not None else self.json.read
+        return self.check(self.name, read(value, default))
+
+
+_DECLARATION = "samplechain.param"
+
+
+def param(default: Any, *, check: Check, json: JsonRule, aliases: Sequence[str] = (), server: bool = True,
+          common_names: Sequence[str] = (), cli: Sequence[Flag] = (), from_args: FromArgs | None = None,
+          doc: str = "") -> Any:
+    """A ``SamplingParams`` field with its declaration (a ``dataclasses.field`` carrying it as metadata)."""
+    decl = dict(check=check, json=json, aliases=tuple(aliases), server=server, common_names=tuple(common_names),
+                cli=tuple(cli), from_args=from_args, doc=doc)
+    return dataclasses.field(default=default, metadata={_DECLARATION: decl})
+
+
+@functools.cache
+def declarations(cls: type) -> tuple[Param, ...]:
+    """The declarations of a ``SamplingParams`` class (or subclass), in field order."""
+    out = []
+    for f in dataclasses.fields(cls):
+        decl = f.metadata.get(_DECLARATION)
+        if decl is None:
+            raise TypeError(f"{cls.__name__}.{f.name} is not declared with param()")
+        out.append(Param(f.name, f.default, **decl))
+    return tuple(out)
+
+
+def first_present(body: Mapping[str, Any], names: Sequence[str]) -> tuple[str, Any] | None:
+    """The first of ``names`` that ``body`` holds with a value other than null (llama-server's alias rule)."""
+    for name in names:
+        value = body.get(name)
+        if value is not None:
+            return name, value
+    return None

@@ -1,0 +1,688 @@
+"""The HTTP layer: llama-server's and OpenAI's routes over the engine (FastAPI + uvicorn; spec/server.md §2-3).
+
+Handlers parse, tokenize and format; the engine thread does everything else. Each request's tasks send their
+events through a thread-safe hand-off into the request's asyncio queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+from urllib.parse import urlsplit
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from samplechain.params import SamplingParams
+from samplechain.server import request as rq
+from samplechain.server import responses as rs
+from samplechain.server.engine import Engine, Task
+from samplechain.server.request import APIError, Defaults, Options, bad_request
+
+MAX_BODY = 100 * 1024 * 1024  # cpp-httplib's default request body limit
+PUBLIC_PATHS = ("/health", "/v1/health")
+
+
+@dataclass
+class ServerConfig:
+    """``samplechain serve``'s settings (llama-server's flags, spec/server.md §9)."""
+
+    model: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    n_slots: int = 4
+    n_ctx: int = 0
+    n_batch: int = 512
+    n_threads: int | None = None
+    device: str = "cpu"
+    kernel: str | None = None
+    api_keys: tuple[str, ...] = ()
+    cors_origins: str = "*"
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"
+    cors_headers: str = "*"
+    cors_credentials: bool = True
+    timeout: int = 3600
+    metrics: bool = False
+    slots: bool = True
+    props: bool = False
+    alias: tuple[str, ...] = ()
+    context_shift: bool = False
+    special: bool = False
+    defaults: Defaults = field(default_factory=Defaults)
+
+
+class ServerState:
+    """The model and engine once loaded (the listener answers 503 until then)."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.model: Any = None
+        self.engine: Engine | None = None
+        self.error: str | None = None
+        self.ready = threading.Event()
+        self.started = time.time()
+
+    def load(self, model: Any = None) -> None:
+        """Load the model (unless given) and start the engine; on failure the error is kept for /health."""
+        try:
+            if model is None:
+                from samplechain.runtime import load_model
+
+                model = load_model(self.config.model, device=self.config.device, n_threads=self.config.n_threads,
+                                   kernel=self.config.kernel)
+            self.model = model
+            self.engine = Engine(model, self.config.n_slots, self.config.n_ctx, self.config.n_batch,
+                                 self.config.context_shift, self.config.special)
+            self.engine.start()
+            self.ready.set()
+        except Exception as e:
+            self.error = f"{type(e).__name__}: {e}"
+            raise
+
+    @property
+    def model_id(self) -> str:
+        if self.config.alias:
+            return sorted(self.config.alias)[0]
+        return os.path.basename(self.model.path) if self.model is not None else ""
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
+
+
+# --- middleware: CORS, readiness, API key, body limit, errors ---------------------------------------------------
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+class Gate:
+    """Pure ASGI middleware in llama-server's order (spec/server.md §2.2): CORS headers, OPTIONS answered at once,
+    503 while loading, the API key, then the route."""
+
+    def __init__(self, app: Callable, state: ServerState) -> None:
+        self.app, self.state = app, state
+
+    def cors(self, origin: str | None, preflight: bool) -> list[tuple[bytes, bytes]]:
+        c = self.state.config
+        headers = []
+        if c.cors_origins == "*":
+            value: str | None = origin or "" if c.cors_credentials else "*"
+        elif c.cors_origins == "localhost":
+            host = urlsplit(origin).hostname if origin else None
+            value = origin if host in ("localhost", "127.0.0.1", "::1") else None
+        else:
+            value = c.cors_origins
+        if value is not None:
+            headers.append((b"access-control-allow-origin", value.encode()))
+        if preflight:
+            headers += [(b"access-control-allow-credentials", b"true" if c.cors_credentials else b"false"),
+                        (b"access-control-allow-methods", c.cors_methods.encode()),
+                        (b"access-control-allow-headers", c.cors_headers.encode())]
+        return headers
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        method, path = scope["method"], scope["path"]
+        extra = [*self.cors(headers.get("origin"), method == "OPTIONS"), (b"server", b"samplechain")]
+
+        async def send_with(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        if method == "OPTIONS":
+            await _plain(send_with, 200, b"", b"text/html")
+            return
+        if not self.state.ready.is_set():
+            message = "Loading model" if self.state.error is None else f"Model failed to load: {self.state.error}"
+            await _error(send_with, APIError(503, message, "unavailable_error"))
+            return
+        keys = self.state.config.api_keys
+        if keys and path not in PUBLIC_PATHS:
+            given = headers.get("authorization")
+            given = given[7:] if given is not None and given.startswith("Bearer ") else given
+            if given is None:
+                given = headers.get("x-api-key")
+            if given not in keys:
+                await _error(send_with, APIError(401, "Invalid API Key", "authentication_error"))
+                return
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_BODY:
+            await _error(send_with, APIError(413, "Payload Too Large", "invalid_request_error"))
+            return
+        await self.app(scope, receive, send_with)
+
+
+async def _plain(send: Callable, status: int, body: bytes, ctype: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _error(send: Callable, e: APIError) -> None:
+    await _plain(send, e.code, _json_bytes(e.body()), b"application/json; charset=utf-8")
+
+
+# --- running tasks ----------------------------------------------------------------------------------------------
+
+
+class Run:
+    """The tasks of one request and the queue their events arrive in (from the engine thread)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[tuple[int, dict[str, Any]]] = asyncio.Queue()
+        self.tasks: list[Task] = []
+
+    def submit(self, tokens: list[int], params: SamplingParams, opts: Options, index: int) -> None:
+        def emit(ev: dict[str, Any]) -> None:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, ev))
+
+        task = Task(tokens=tokens, params=params, emit=emit, n_predict=opts.n_predict, n_keep=opts.n_keep,
+                    n_discard=opts.n_discard, stop=opts.stop, cache_prompt=opts.cache_prompt, id_slot=opts.id_slot,
+                    index=index, n_indent=opts.n_indent, t_max_predict_ms=opts.t_max_predict_ms)
+        self.tasks.append(task)
+        self.engine.submit(task)
+
+    def cancel(self) -> None:
+        for t in self.tasks:
+            if not t.cancelled.is_set():
+                self.engine.cancel(t)
+
+    async def events(self) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+        """Every event until each task has its final (or error) event."""
+        open_tasks = len(self.tasks)
+        while open_tasks:
+            index, ev = await self.queue.get()
+            if ev["type"] in ("final", "error"):
+                open_tasks -= 1
+            yield index, ev
+
+    async def finals(self, is_disconnected: Callable[[], Awaitable[bool]]) -> list[dict[str, Any]]:
+        """Wait for every final result (non-streaming), cancelling when the client goes away."""
+        finals: dict[int, dict[str, Any]] = {}
+        events = self.events()
+        while True:
+            try:
+                index, ev = await asyncio.wait_for(anext(events), 0.5)
+            except asyncio.TimeoutError:
+                if await is_disconnected():
+                    self.cancel()
+                    raise asyncio.CancelledError from None
+                continue
+            except StopAsyncIteration:
+                break
+            if ev["type"] == "error":
+                self.cancel()
+                raise APIError(ev["code"], ev["message"], ev["error_type"])
+            if ev["type"] == "final":
+                finals[index] = ev
+        return [finals[i] for i in sorted(finals)]
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + _json_bytes(obj) + b"\n\n"
+
+
+# --- the application --------------------------------------------------------------------------------------------
+
+
+def create_app(state: ServerState) -> Any:
+    """The ASGI application (FastAPI routes behind the ``Gate`` middleware)."""
+    app = FastAPI(title="samplechain", docs_url=None, redoc_url=None, openapi_url=None)
+    config = state.config
+
+    def reply(obj: Any, status: int = 200) -> Response:
+        return Response(_json_bytes(obj), status_code=status, media_type="application/json; charset=utf-8")
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, e: APIError) -> Response:
+        return reply(e.body(), e.code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, e: StarletteHTTPException) -> Response:
+        if e.status_code == 404:
+            return reply(APIError(404, "File Not Found", "not_found_error").body(), 404)
+        if e.status_code == 405:
+            return reply(APIError(405, "Method Not Allowed", "invalid_request_error").body(), 405)
+        return reply(APIError(e.status_code, str(e.detail), "server_error").body(), e.status_code)
+
+    @app.exception_handler(Exception)
+    async def server_error(_: Request, e: Exception) -> Response:
+        return reply(APIError(500, f"{type(e).__name__}: {e}", "server_error").body(), 500)
+
+    async def body_of(req: Request) -> dict[str, Any]:
+        raw = await req.body()
+        if len(raw) > MAX_BODY:
+            raise APIError(413, "Payload Too Large")
+        try:
+            body = json.loads(raw or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:  # llama-server: a parse error is a 500
+            raise APIError(500, f"[json.exception.parse_error] {e}", "server_error") from None
+        if not isinstance(body, dict):
+            raise bad_request("the request body must be a JSON object")
+        return body
+
+    def engine() -> Engine:
+        assert state.engine is not None
+        return state.engine
+
+    def sampling(body: dict[str, Any]) -> SamplingParams:
+        params = rq.parse_sampling(body, config.defaults, state.model.config.n_vocab)
+        rq.check_constraint(params, state.model)
+        return params
+
+    def check_fits(tokens: list[int]) -> None:
+        n_ctx = engine().n_ctx_slot
+        if len(tokens) >= n_ctx:
+            raise APIError(400, f"request ({len(tokens)} tokens) exceeds the available context size ({n_ctx} "
+                           "tokens), try increasing it", "exceed_context_size_error",
+                           n_prompt_tokens=len(tokens), n_ctx=n_ctx)
+        if not tokens:
+            raise bad_request("the prompt is empty")
+
+    def choice_params(params: SamplingParams, i: int) -> SamplingParams:
+        """Choice ``i`` of ``n``: its own seed when the seed is fixed, so the choices differ."""
+        if i == 0 or params.seed == SamplingParams().seed:
+            return params
+        return replace(params, seed=(params.seed + i) & 0xFFFFFFFF)
+
+    async def start(run: Run, req: Request) -> None:
+        """Wait until every task has a slot (or failed): before that, no byte of the response is sent."""
+        begun: set[int] = set()
+        while len(begun) < len(run.tasks):
+            try:
+                index, ev = await asyncio.wait_for(run.queue.get(), 0.5)
+            except asyncio.TimeoutError:
+                if await req.is_disconnected():
+                    run.cancel()
+                    raise asyncio.CancelledError from None
+                continue
+            if ev["type"] == "error":
+                run.cancel()
+                raise APIError(ev["code"], ev["message"], ev["error_type"])
+            if ev["type"] == "begin":
+                begun.add(index)
+            else:  # a token or final event came first (cannot happen before begin; keep it for the stream)
+                run.queue.put_nowait((index, ev))
+                break
+
+    def streaming(gen: AsyncIterator[bytes], run: Run) -> StreamingResponse:
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in gen:
+                    yield chunk
+            finally:
+                run.cancel()  # the client went away (or the stream ended: then nothing is running)
+        return StreamingResponse(body(), media_type="text/event-stream", headers={"X-Accel-Buffering": "no"})
+
+    # --- simple routes ---------------------------------------------------------------------------------------
+
+    @app.get("/health")
+    @app.get("/v1/health")
+    async def health() -> Response:
+        return reply({"status": "ok"})
+
+    @app.get("/v1/models")
+    @app.get("/models")
+    async def models() -> Response:
+        m = state.model
+        meta = {"vocab_type": 2, "n_vocab": m.config.n_vocab, "n_ctx": engine().n_ctx_slot,
+                "n_ctx_train": m.config.n_ctx_train, "n_embd": m.config.n_embd,
+                "n_params": m.transformer.n_params if hasattr(m.transformer, "n_params") else 0,
+                "size": os.path.getsize(m.path), "ftype": ""}
+        mid = state.model_id
+        return reply({"object": "list",
+                      "data": [{"id": mid, "aliases": sorted(config.alias), "tags": [], "object": "model",
+                                "created": int(time.time()), "owned_by": "samplechain", "meta": meta}],
+                      "models": [{"name": mid, "model": mid, "modified_at": "", "size": "", "digest": "",
+                                  "type": "model", "description": "", "tags": [""], "capabilities": ["completion"],
+                                  "parameters": "", "details": {"parent_model": "", "format": "gguf", "family": "",
+                                                                "families": [""], "parameter_size": "",
+                                                                "quantization_level": ""}}]})
+
+    @app.get("/props")
+    async def props() -> Response:
+        m = state.model
+        vocab = m.vocab
+        opts = Options(n_predict=config.defaults.n_predict, n_keep=config.defaults.n_keep)
+
+        def text(t: int | None) -> str:
+            return vocab.token_bytes(t).decode("utf-8", "replace") if t is not None else ""
+
+        return reply({
+            "default_generation_settings": {"params": rs.settings(config.defaults.params, opts),
+                                            "n_ctx": engine().n_ctx_slot},
+            "total_slots": config.n_slots, "model_alias": state.model_id, "model_path": m.path,
+            "modalities": {"vision": False, "video": False, "audio": False},
+            "endpoint_slots": config.slots, "endpoint_props": config.props, "endpoint_metrics": config.metrics,
+            "chat_template": vocab.chat_template or "", "chat_template_caps": {}, "bos_token": text(vocab.bos),
+            "eos_token": text(vocab.eos), "build_info": rs.BUILD_INFO, "is_sleeping": False,
+            "ui": False, "cors_proxy_enabled": False,
+        })
+
+    @app.post("/props")
+    async def set_props() -> Response:
+        if not config.props:
+            raise APIError(501, "This server does not support changing global properties. Start it with `--props`",
+                           "not_supported_error")
+        return reply({"success": True})
+
+    @app.post("/tokenize")
+    async def tokenize(req: Request) -> Response:
+        body = await body_of(req)
+        content = body.get("content")
+        if content is None:
+            return reply({"tokens": []})
+        add_special = body.get("add_special", False)
+        parse_special = body.get("parse_special", True)
+        if not isinstance(add_special, bool) or not isinstance(parse_special, bool):
+            raise bad_request("add_special and parse_special must be true or false")
+        if isinstance(content, str):
+            tokens = state.model.tokenize(content, add_special=add_special, parse_special=parse_special)
+        else:
+            tokens = rq.tokenize_mixed(state.model, content, add_special)
+        if body.get("with_pieces"):
+            pieces = []
+            for t in tokens:
+                data = state.model.vocab.token_bytes(t)
+                try:
+                    piece: Any = data.decode("utf-8")
+                except UnicodeDecodeError:
+                    piece = list(data)
+                pieces.append({"id": t, "piece": piece})
+            return reply({"tokens": pieces})
+        return reply({"tokens": tokens})
+
+    @app.post("/detokenize")
+    async def detokenize(req: Request) -> Response:
+        body = await body_of(req)
+        tokens = body.get("tokens") or []
+        n_vocab = state.model.config.n_vocab
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise bad_request("'tokens' must be an array of token ids")
+        if any(not 0 <= t < n_vocab for t in tokens):
+            raise bad_request(f"token ids must be in [0, {n_vocab})")
+        data = b"".join(state.model.vocab.token_bytes(t) for t in tokens)
+        return reply({"content": data.decode("utf-8", "replace")})
+
+    @app.post("/apply-template")
+    async def apply_template(req: Request) -> Response:
+        body = await body_of(req)
+        try:
+            prompt, _ = rq.chat_prompt(state.model, body)
+        except ValueError as e:
+            raise bad_request(str(e)) from None
+        return reply({"prompt": prompt})
+
+    @app.get("/slots")
+    async def slots(req: Request) -> Response:
+        if not config.slots:
+            raise APIError(501, "This server does not support slots endpoint. Start it with `--slots`",
+                           "not_supported_error")
+        eng = engine()
+        if req.query_params.get("fail_on_no_slot") in ("1", "true") and all(s.busy for s in eng.slots):
+            raise APIError(503, "no slot available", "unavailable_error")
+        out = []
+        for s in eng.slots:
+            d: dict[str, Any] = {"id": s.id, "n_ctx": s.n_ctx, "speculative": False, "is_processing": s.busy}
+            last = s.last_task if not s.busy else {
+                "id_task": s.task.id, "n_prompt_tokens": len(s.task.tokens),
+                "n_prompt_tokens_processed": s.timings.prompt_n, "n_prompt_tokens_cache": s.timings.cache_n,
+                "params": s.task.params, "n_decoded": len(s.generated), "n_predict": s.task.n_predict}
+            if last is not None:
+                n_remain = -1 if last["n_predict"] < 0 else max(last["n_predict"] - last["n_decoded"], 0)
+                d.update({k: last[k] for k in ("id_task", "n_prompt_tokens", "n_prompt_tokens_processed",
+                                               "n_prompt_tokens_cache")})
+                d["params"] = rs.settings(last["params"], Options(n_predict=last["n_predict"]))
+                d["next_token"] = [{"has_next_token": s.busy, "has_new_line": False, "n_remain": n_remain,
+                                    "n_decoded": last["n_decoded"]}]
+            out.append(d)
+        return reply(out)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        if not config.metrics:
+            raise APIError(501, "This server does not support metrics endpoint. Start it with `--metrics`",
+                           "not_supported_error")
+        eng = engine()
+        m = eng.metrics
+        wp, wd = m.window_prompt, m.window_predicted
+        rows = [
+            ("counter", "prompt_tokens_total", "Number of prompt tokens processed.", m.prompt_tokens_total),
+            ("counter", "prompt_tokens_cached_total", "Number of prompt tokens reused from the cache.", m.n_cached),
+            ("counter", "prompt_seconds_total", "Prompt process time", m.prompt_seconds_total),
+            ("counter", "tokens_predicted_total", "Number of generation tokens processed.",
+             m.tokens_predicted_total),
+            ("counter", "tokens_predicted_seconds_total", "Predict process time",
+             m.tokens_predicted_seconds_total),
+            ("counter", "n_decode_total", "Total number of llama_decode() calls", m.n_decode_total),
+            ("counter", "n_tokens_max", "Largest observed n_tokens.", m.n_tokens_max),
+            ("gauge", "n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
+             m.n_busy_slots_total / m.n_decode_total if m.n_decode_total else 0.0),
+            ("gauge", "prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
+             wp[0] / wp[1] if wp[1] > 0 else 0.0),
+            ("gauge", "predicted_tokens_seconds", "Average generation throughput in tokens/s.",
+             wd[0] / wd[1] if wd[1] > 0 else 0.0),
+            ("gauge", "requests_processing", "Number of requests processing.", sum(s.busy for s in eng.slots)),
+            ("gauge", "requests_deferred", "Number of requests deferred.", eng.n_deferred),
+        ]
+        m.window_prompt, m.window_predicted = [0, 0.0], [0, 0.0]
+        lines = []
+        for kind, name, help_text, value in rows:
+            lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}",
+                      f"llamacpp:{name} {value}"]
+        return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4",
+                        headers={"Process-Start-Time-Unix": str(int(state.started))})
+
+    # --- completions -----------------------------------------------------------------------------------------
+
+    def prepare(body: dict[str, Any]) -> tuple[SamplingParams, Options]:
+        params = sampling(body)
+        opts = rq.parse_options(body, config.defaults, config.n_slots)
+        return params, opts
+
+    @app.post("/completion")
+    @app.post("/completions")
+    async def completion(req: Request) -> Response:
+        body = await body_of(req)
+        try:
+            params, opts = prepare(body)
+            prompts = rq.prompts(state.model, body)
+        except ValueError as e:
+            raise bad_request(str(e)) from None
+        for p in prompts:
+            check_fits(p)
+        run = Run(engine())
+        jobs = [(p, i) for p in prompts for i in range(opts.n_cmpl)]
+        for k, (p, i) in enumerate(jobs):
+            run.submit(p, choice_params(params, i), opts, k)
+        texts = [state.model.vocab.detokenize(p) for p, _ in jobs]
+        eog = tuple(sorted(state.model.vocab.eog))
+        model_id = state.model_id
+        if not opts.stream:
+            finals = await run.finals(req.is_disconnected)
+            outs = [rs.native_final(f, model=model_id, prompt_text=texts[k], params=params, opts=opts, eog=eog,
+                                    index=k) for k, f in enumerate(finals)]
+            return reply(outs[0] if len(outs) == 1 else outs)
+        await start(run, req)
+
+        async def events() -> AsyncIterator[bytes]:
+            async for index, ev in run.events():
+                if ev["type"] == "token":
+                    yield sse(rs.native_event(ev, params, opts, index))
+                elif ev["type"] == "final":
+                    yield sse(rs.native_final(ev, model=model_id, prompt_text=texts[index], params=params,
+                                              opts=opts, eog=eog, index=index, streamed=True))
+                elif ev["type"] == "error":
+                    yield sse(APIError(ev["code"], ev["message"], ev["error_type"]).body())
+                    return
+        return streaming(events(), run)
+
+    @app.post("/v1/completions")
+    async def oai_completions(req: Request) -> Response:
+        body = await body_of(req)
+        try:
+            params, opts = prepare(body)
+            prompts = rq.prompts(state.model, body)
+        except ValueError as e:
+            raise bad_request(str(e)) from None
+        prompt = prompts[0]
+        check_fits(prompt)
+        run = Run(engine())
+        for i in range(opts.n_cmpl):
+            run.submit(prompt, choice_params(params, i), opts, i)
+        cid, model_id = rs.completion_id(), state.model_id
+        if not opts.stream:
+            finals = await run.finals(req.is_disconnected)
+            return reply(rs.oai_completion(finals, cid, model_id))
+        await start(run, req)
+        created = int(time.time())
+
+        async def events() -> AsyncIterator[bytes]:
+            async for index, ev in run.events():
+                env = rs.oai_envelope("text_completion", cid, model_id, created)
+                if ev["type"] == "token":
+                    if ev["text"] or ev["probs"] is not None:
+                        probs = {"content": [ev["probs"]]} if ev["probs"] is not None else None
+                        yield sse({"choices": [{"text": ev["text"], "index": index, "logprobs": probs,
+                                                "finish_reason": None}], **env})
+                elif ev["type"] == "final":
+                    yield sse({"choices": [{"text": "", "index": index, "logprobs": None,
+                                            "finish_reason": rs.finish_reason(ev)}], **env,
+                               "usage": rs.usage([ev]), "timings": ev["timings"]})
+                elif ev["type"] == "error":
+                    yield sse(APIError(ev["code"], ev["message"], ev["error_type"]).body())
+                    return
+            yield b"data: [DONE]\n\n"
+        return streaming(events(), run)
+
+    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
+    async def chat_completions(req: Request) -> Response:
+        body = await body_of(req)
+        try:
+            text, generation_prompt = rq.chat_prompt(state.model, body)
+            fields = {**body, **rq.response_format(body), **rq.chat_logprobs(body)}
+            if generation_prompt and "generation_prompt" not in body:
+                fields["generation_prompt"] = generation_prompt
+            params, opts = prepare(fields)
+        except ValueError as e:
+            raise bad_request(str(e)) from None
+        vocab = state.model.vocab
+        from samplechain.runtime.chat import starts_with_bos
+
+        tokens = state.model.tokenize(text, add_special=not starts_with_bos(vocab, text))
+        check_fits(tokens)
+        reasoning_format = body.get("reasoning_format", "auto")
+        thinking = reasoning_format != "none"
+        started = generation_prompt.rstrip().endswith(rs.ReasoningSplitter.START)
+        with_logprobs = params.n_probs > 0 and bool(body.get("logprobs"))
+        run = Run(engine())
+        for i in range(opts.n_cmpl):
+            run.submit(tokens, choice_params(params, i), opts, i)
+        cid, model_id = rs.completion_id(), state.model_id
+        if not opts.stream:
+            finals = await run.finals(req.is_disconnected)
+            split = []
+            for f in finals:
+                splitter = rs.ReasoningSplitter(thinking, started)
+                split.append(splitter.push(f["content"], final=True))
+            out = rs.oai_chat(finals, cid, model_id, split, with_logprobs)
+            if opts.verbose:
+                out["__verbose"] = {"prompt": vocab.detokenize(tokens), "content": finals[0]["content"]}
+            return reply(out)
+        await start(run, req)
+        created = int(time.time())
+
+        async def events() -> AsyncIterator[bytes]:
+            splitters = [rs.ReasoningSplitter(thinking, started) for _ in range(opts.n_cmpl)]
+            role_sent = [False] * opts.n_cmpl
+            finals = []
+            async for index, ev in run.events():
+                env = rs.oai_envelope("chat.completion.chunk", cid, model_id, created)
+                if ev["type"] == "error":
+                    yield sse(APIError(ev["code"], ev["message"], ev["error_type"]).body())
+                    return
+                out = b""
+                if not role_sent[index]:
+                    role_sent[index] = True
+                    out += sse({"choices": [{"finish_reason": None, "index": index,
+                                             "delta": {"role": "assistant", "content": None}}], **env})
+                final = ev["type"] == "final"
+                thought, content = splitters[index].push("" if final else ev["text"], final=final)
+                delta: dict[str, Any] = {}
+                if thought:
+                    delta["reasoning_content"] = thought
+                if content:
+                    delta["content"] = content
+                if delta or (not final and ev["probs"] is not None and with_logprobs):
+                    chunk: dict[str, Any] = {"choices": [{"finish_reason": None, "index": index, "delta": delta}],
+                                             **env}
+                    if not final and ev["probs"] is not None and with_logprobs:
+                        chunk["choices"][0]["logprobs"] = {"content": [ev["probs"]]}
+                    if not final and opts.timings_per_token:
+                        chunk["timings"] = ev["timings"]
+                    out += sse(chunk)
+                if final:
+                    finals.append(ev)
+                    last: dict[str, Any] = {"choices": [{"finish_reason": rs.finish_reason(ev), "index": index,
+                                                         "delta": {}}], **env}
+                    if not opts.include_usage:
+                        last["timings"] = ev["timings"]
+                    out += sse(last)
+                if out:
+                    yield out
+            if opts.include_usage and finals:
+                yield sse({"choices": [], **rs.oai_envelope("chat.completion.chunk", cid, model_id, created),
+                           "usage": rs.usage(finals), "timings": finals[-1]["timings"]})
+            yield b"data: [DONE]\n\n"
+        return streaming(events(), run)
+
+    return app
+
+
+def serve(config: ServerConfig, log_level: str = "warning") -> None:
+    """Run the server until interrupted: the listener first (503 while the model loads), as llama-server."""
+    import sys
+
+    import uvicorn
+
+    state = ServerState(config)
+    app = Gate(create_app(state), state)
+    loader = threading.Thread(target=_load_or_report, args=(state,), name="samplechain-load", daemon=True)
+    loader.start()
+    if config.cors_origins == "*" and not config.api_keys:
+        print("warning: CORS allows every origin and no API key is set; anyone who can reach this port can use "
+              "the model", file=sys.stderr)
+    print(f"samplechain serve: listening on http://{config.host}:{config.port} ({config.n_slots} slots)",
+          file=sys.stderr)
+    try:
+        uvicorn.run(app, host=config.host, port=config.port, log_level=log_level, timeout_keep_alive=5,
+                    server_header=False, date_header=True, backlog=512)
+    finally:
+        state.close()
+
+
+def _load_or_report(state: ServerState) -> None:
+    import sys
+
+    try:
+        state.load()
+        print(f"samplechain serve: model loaded ({state.model.path}, kernel {state.model.transformer.kernel})",
+              file=sys.stderr)
+    except Exception:
+        print(f"samplechain serve: error: {state.error}", file=sys.stderr)

@@ -1,0 +1,316 @@
+"""Request bodies -> engine tasks: the completion fields that are not sampling parameters, prompts, chat messages
+(spec/server.md §3.4-3.6, §4, §8). Sampling fields are parsed by ``sampling_fields`` from their declarations."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from samplechain.grammar import GrammarError
+from samplechain.grammar.json_schema import server_response_schema
+from samplechain.params import SamplingParams
+from samplechain.runtime.chat import starts_with_bos
+from samplechain.runtime.generation import Model
+from samplechain.server.sampling_fields import FieldError, parse_sampling_fields
+
+INT32_MAX = 2**31 - 1
+
+
+class APIError(Exception):
+    """An error answered as llama-server's body ``{"error": {"code", "message", "type"}}`` (+ ``extra`` fields)."""
+
+    def __init__(self, code: int, message: str, kind: str = "invalid_request_error", **extra: Any) -> None:
+        super().__init__(message)
+        self.code, self.message, self.kind, self.extra = code, message, kind, extra
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, "type": self.kind, **self.extra}}
+
+
+def bad_request(message: str) -> APIError:
+    return APIError(400, message)
+
+
+@dataclass
+class Options:
+    """A completion request's fields that are not sampling parameters."""
+
+    n_predict: int = -1
+    n_keep: int = 0
+    n_discard: int = 0
+    n_cmpl: int = 1
+    n_indent: int = 0
+    t_max_predict_ms: float = -1.0
+    cache_prompt: bool = True
+    id_slot: int = -1
+    stream: bool = False
+    include_usage: bool = False
+    stop: tuple[str, ...] = ()
+    return_tokens: bool = False
+    return_progress: bool = False
+    timings_per_token: bool = False
+    response_fields: tuple[str, ...] = ()
+    verbose: bool = False
+    extra_stop: tuple[str, ...] = field(default=())
+
+
+@dataclass
+class Defaults:
+    """What a request gets for a field it leaves out or sets to null: the server's command line."""
+
+    params: SamplingParams = field(default_factory=SamplingParams)
+    n_predict: int = -1
+    n_keep: int = 0
+    stop: tuple[str, ...] = ()
+    cache_prompt: bool = True
+
+
+def _get(body: Mapping[str, Any], *names: str) -> tuple[str, Any]:
+    """The first of ``names`` present and not null (llama-server tries aliases in order)."""
+    for name in names:
+        value = body.get(name)
+        if value is not None:
+            return name, value
+    return names[0], None
+
+
+def _int(body: Mapping[str, Any], names: Sequence[str], default: int, lo: int = -INT32_MAX - 1,
+         hi: int = INT32_MAX) -> int:
+    name, value = _get(body, *names)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        value = int(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int):
+        raise bad_request(f"Field '{name}': expected an integer, got {json.dumps(value)}")
+    if not lo <= value <= hi:
+        raise bad_request(f"Field '{name}': Value must be between {lo} <= value <= {hi}, but got {value}")
+    return value
+
+
+def _bool(body: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"Field '{name}': expected true or false, got {json.dumps(value)}")
+    return value
+
+
+def parse_options(body: Mapping[str, Any], defaults: Defaults, n_slots: int) -> Options:
+    """The non-sampling fields of spec/server.md §4 (absent or null = the server default)."""
+    stop = defaults.stop
+    if body.get("stop") is not None:
+        raw = body["stop"]
+        if isinstance(raw, str):
+            stop = (raw,)
+        elif isinstance(raw, list) and all(isinstance(s, str) for s in raw):
+            stop = tuple(s for s in raw if s) or defaults.stop
+        else:
+            raise bad_request("Field 'stop': must be a string or an array of strings")
+    fields = body.get("response_fields")
+    if fields is not None and (not isinstance(fields, list) or not all(isinstance(f, str) for f in fields)):
+        raise bad_request("Field 'response_fields': must be an array of strings")
+    stream_options = body.get("stream_options")
+    if stream_options is not None and not isinstance(stream_options, Mapping):
+        raise bad_request("Field 'stream_options': must be an object")
+    t_max = body.get("t_max_predict_ms")
+    if t_max is not None and (isinstance(t_max, bool) or not isinstance(t_max, (int, float))):
+        raise bad_request("Field 't_max_predict_ms': must be a number")
+    return Options(
+        n_predict=_int(body, ("n_predict", "max_completion_tokens", "max_tokens"), defaults.n_predict, -1),
+        n_keep=_int(body, ("n_keep",), defaults.n_keep, -1),
+        n_discard=_int(body, ("n_discard",), 0, 0),
+        n_cmpl=_int(body, ("n_cmpl", "n"), 1, 1, n_slots),
+        n_indent=_int(body, ("n_indent",), 0, 0),
+        t_max_predict_ms=-1.0 if t_max is None else float(t_max),
+        cache_prompt=_bool(body, "cache_prompt", defaults.cache_prompt),
+        id_slot=_int(body, ("id_slot",), -1),
+        stream=_bool(body, "stream", False),
+        include_usage=bool(stream_options and _bool(stream_options, "include_usage", False)),
+        stop=stop,
+        return_tokens=_bool(body, "return_tokens", False),
+        return_progress=_bool(body, "return_progress", False),
+        timings_per_token=_bool(body, "timings_per_token", False),
+        response_fields=tuple(fields or ()),
+        verbose=_bool(body, "verbose", False),
+    )
+
+
+def parse_sampling(body: Mapping[str, Any], defaults: Defaults, n_vocab: int | None = None) -> SamplingParams:
+    """The sampling fields, with ``json_schema`` read as the server reads it (``{}`` = any object)."""
+    if body.get("json_schema") is not None and body.get("grammar") is not None:
+        raise bad_request("Cannot use both json_schema and grammar")
+    if body.get("json_schema") is not None:
+        body = {**body, "json_schema": server_response_schema(body["json_schema"])}
+    try:
+        params = parse_sampling_fields(body, defaults.params, n_vocab=n_vocab)
+    except FieldError as e:
+        raise bad_request(str(e)) from None
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+    return params
+
+
+def check_constraint(params: SamplingParams, model: Model) -> None:
+    """Refuse a bad grammar or schema with a 400 before the task starts (llama-server fails at sampler init)."""
+    from samplechain.params import CommonSampler
+
+    if not params.grammar and params.json_schema is None:
+        return
+    try:
+        CommonSampler(params, model.vocab, n_vocab=model.config.n_vocab)
+    except (GrammarError, ValueError) as e:
+        raise bad_request(f"Failed to initialize samplers: {e}") from None
+
+
+# --- prompts ---------------------------------------------------------------------------------------------------
+
+
+def tokenize_mixed(model: Model, prompt: Any, add_special: bool = True) -> list[int]:
+    """One prompt: a string, or an array of token ids and strings (each string tokenized, specials parsed)."""
+    if isinstance(prompt, str):
+        return model.tokenize(prompt, add_special=add_special and not starts_with_bos(model.vocab, prompt))
+    if isinstance(prompt, list):
+        out: list[int] = []
+        for i, part in enumerate(prompt):
+            if isinstance(part, bool):
+                raise bad_request("prompt token ids must be integers")
+            if isinstance(part, int):
+                if not 0 <= part < model.config.n_vocab:
+                    raise bad_request(f"prompt token id {part} is out of range [0, {model.config.n_vocab})")
+                out.append(part)
+            elif isinstance(part, str):
+                out += model.tokenize(part, add_special=add_special and i == 0)
+            else:
+                raise bad_request("a prompt array holds token ids and strings")
+        return out
+    raise bad_request("\"prompt\" must be a string, an array of tokens, or an array of prompts")
+
+
+def prompts(model: Model, body: Mapping[str, Any]) -> list[list[int]]:
+    """The prompts of a native or legacy completion: one, or several (an array of strings / token arrays)."""
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise bad_request("\"prompt\" is required")
+    if isinstance(prompt, Mapping):  # {"prompt_string": ..., "multimodal_data": ...}
+        if prompt.get("multimodal_data"):
+            raise bad_request("multimodal data is not supported by this model")
+        prompt = prompt.get("prompt_string", "")
+    if isinstance(prompt, list) and prompt and any(isinstance(p, (list, Mapping)) for p in prompt):
+        return [tokenize_mixed(model, p.get("prompt_string", "") if isinstance(p, Mapping) else p) for p in prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt) and len(prompt) > 1:
+        return [tokenize_mixed(model, p) for p in prompt]
+    return [tokenize_mixed(model, prompt)]
+
+
+# --- chat ------------------------------------------------------------------------------------------------------
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, Mapping) or "type" not in part:
+                raise bad_request("a content part must be an object with a type")
+            if part["type"] != "text":
+                raise bad_request(f"content parts of type {part['type']!r} need a multimodal model")
+            if not isinstance(part.get("text"), str):
+                raise bad_request("a text content part needs a string 'text'")
+            parts.append(part["text"])
+        return "\n".join(parts)
+    raise bad_request("Expected 'content' to be a string or an array")
+
+
+def chat_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Validated messages with string contents (llama-server's checks and messages)."""
+    messages = body.get("messages")
+    if messages is None:
+        raise bad_request("'messages' is required")
+    if not isinstance(messages, list):
+        raise bad_request("Expected 'messages' to be an array")
+    out = []
+    for m in messages:
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise bad_request("each message must be an object with a string 'role'")
+        role = "system" if m["role"] == "developer" else m["role"]
+        if role != "assistant" and "content" not in m:
+            raise bad_request("All non-assistant messages must contain 'content'")
+        if role == "assistant" and m.get("content") is None and not m.get("tool_calls"):
+            raise bad_request("Assistant message must contain either 'content' or 'tool_calls'!")
+        out.append({"role": role, "content": _content_text(m.get("content"))})
+    if len(out) >= 2 and out[-1]["role"] == "assistant" and out[-2]["role"] == "assistant":
+        raise bad_request("Cannot have 2 or more assistant messages at the end of the list.")
+    return out
+
+
+def chat_prompt(model: Model, body: Mapping[str, Any]) -> tuple[str, str]:
+    """The rendered prompt and the generation prompt it ends with (the assistant header, or a prefilled message)."""
+    messages = chat_messages(body)
+    add_gen = body.get("add_generation_prompt", True)
+    cont = body.get("continue_final_message", False)
+    if not isinstance(add_gen, bool) or not isinstance(cont, bool):
+        raise bad_request("add_generation_prompt and continue_final_message must be true or false")
+    if add_gen and cont:
+        raise bad_request("Cannot set both add_generation_prompt and continue_final_message to true.")
+    if body.get("tools") and body.get("tool_choice", "auto") != "none":
+        raise bad_request("tools are not supported by this server's chat formats yet")
+    prefill = messages and messages[-1]["role"] == "assistant" and (add_gen or cont)
+    if prefill:  # assistant prefill: continue the last message
+        head = model.apply_chat_template(messages[:-1], add_generation_prompt=True)
+        return head + messages[-1]["content"], messages[-1]["content"]
+    if not messages:
+        raise bad_request("'messages' must not be empty")
+    text = model.apply_chat_template(messages, add_generation_prompt=add_gen)
+    without = model.apply_chat_template(messages, add_generation_prompt=False)
+    return text, text[len(without):] if text.startswith(without) else ""
+
+
+def response_format(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``response_format`` as sampling fields (spec/server.md §3.6, §8.2)."""
+    fmt = body.get("response_format")
+    if fmt is None:
+        return {}
+    if not isinstance(fmt, Mapping):
+        raise bad_request("response_format must be an object")
+    kind = fmt.get("type")
+    if kind == "text":
+        return {}
+    if kind == "json_object":
+        return {"json_schema": fmt.get("schema", {"type": "object"})}
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, Mapping):
+            raise bad_request("response_format.json_schema must be an object")
+        return {"json_schema": spec.get("schema", {})}
+    raise bad_request(f'response_format type must be one of "text" or "json_object", but got: {kind}')
+
+
+def chat_logprobs(body: Mapping[str, Any]) -> dict[str, Any]:
+    """OpenAI ``logprobs``/``top_logprobs`` as ``n_probs`` (20 when only ``logprobs: true``)."""
+    logprobs, top = body.get("logprobs"), body.get("top_logprobs")
+    if logprobs is None or logprobs is False:
+        if top is not None:
+            raise bad_request("top_logprobs requires logprobs to be set to true")
+        return {}
+    if not isinstance(logprobs, bool):
+        raise bad_request("Field 'logprobs': must be true or false")
+    if top is None:
+        return {"n_probs": 20}
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
+        raise bad_request("Field 'top_logprobs': must be an integer in [0, 20]")
+    return {"n_probs": max(top, 1)}
+
+
+def finite(x: float) -> float | None:
+    """JSON has no inf/nan: they serialise as null (spec/server.md §2.3)."""
+    return x if math.isfinite(x) else None

@@ -1,0 +1,196 @@
+"""Response JSON: llama-server's native shapes and OpenAI's (spec/server.md §3.4-3.6, §5)."""
+
+from __future__ import annotations
+
+import secrets
+import string
+import time
+from typing import Any
+
+from samplechain.params import SamplingParams
+from samplechain.server.request import Options, finite
+
+BUILD_INFO = "b1-samplechain"
+_ALNUM = string.ascii_letters + string.digits
+
+
+def completion_id() -> str:
+    """``chatcmpl-`` + 32 random alphanumerics (also for legacy completions, as llama-server does)."""
+    return "chatcmpl-" + "".join(secrets.choice(_ALNUM) for _ in range(32))
+
+
+def settings(params: SamplingParams, opts: Options | None = None, *, full: bool = False,
+             eog: tuple[int, ...] = ()) -> dict[str, Any]:
+    """``generation_settings`` (``full``) or the compact ``params`` of ``/props`` and ``/slots``."""
+    n_predict = opts.n_predict if opts else -1
+    d: dict[str, Any] = {
+        "seed": params.seed, "temperature": params.temperature, "dynatemp_range": params.dynatemp_range,
+        "dynatemp_exponent": params.dynatemp_exponent, "top_k": params.top_k, "top_p": params.top_p,
+        "min_p": params.min_p, "top_n_sigma": params.top_n_sigma, "xtc_probability": params.xtc_probability,
+        "xtc_threshold": params.xtc_threshold, "typical_p": params.typical_p, "repeat_last_n": params.repeat_last_n,
+        "repeat_penalty": params.repeat_penalty, "presence_penalty": params.presence_penalty,
+        "frequency_penalty": params.frequency_penalty, "dry_multiplier": params.dry_multiplier,
+        "dry_base": params.dry_base, "dry_allowed_length": params.dry_allowed_length,
+        "dry_penalty_last_n": params.dry_penalty_last_n, "mirostat": params.mirostat,
+        "mirostat_tau": params.mirostat_tau, "mirostat_eta": params.mirostat_eta,
+        "adaptive_target": params.adaptive_target, "adaptive_decay": params.adaptive_decay,
+        "max_tokens": n_predict, "n_predict": n_predict, "n_keep": opts.n_keep if opts else 0,
+        "n_discard": opts.n_discard if opts else 0, "ignore_eos": params.ignore_eos,
+        "stream": opts.stream if opts else False, "n_probs": params.n_probs, "min_keep": params.min_keep,
+        "chat_format": "Content-only", "reasoning_format": "none", "reasoning_in_content": False,
+        "generation_prompt": params.generation_prompt, "samplers": list(params.samplers),
+        "speculative.types": [], "timings_per_token": opts.timings_per_token if opts else False,
+        "post_sampling_probs": params.post_sampling_probs, "backend_sampling": params.backend_sampling, "lora": [],
+    }
+    if full:
+        biases = [{"bias": finite(b), "token": t} for t, b in params.logit_bias]
+        if params.ignore_eos:
+            biases += [{"bias": None, "token": t} for t in eog]
+        d.update({
+            "dry_sequence_breakers": list(params.dry_sequence_breakers), "stop": list(opts.stop if opts else ()),
+            "logit_bias": biases, "grammar": params.grammar, "grammar_lazy": params.grammar_lazy,
+            "grammar_triggers": [{"type": k, "value": v} for k, v, _ in params.grammar_triggers],
+            "preserved_tokens": list(params.preserved_tokens),
+        })
+    return d
+
+
+def probs_key(post: bool) -> tuple[str, str]:
+    return ("prob", "top_probs") if post else ("logprob", "top_logprobs")
+
+
+def native_final(final: dict[str, Any], *, model: str, prompt_text: str, params: SamplingParams, opts: Options,
+                 eog: tuple[int, ...], index: int = 0, streamed: bool = False) -> dict[str, Any]:
+    """The native ``/completion`` result (and the last event of its stream, with the text already sent)."""
+    out: dict[str, Any] = {
+        "index": index,
+        "content": "" if streamed else final["content"],
+        "tokens": [] if streamed or not opts.return_tokens else final["tokens"],
+        "id_slot": final["id_slot"], "stop": True, "model": model,
+        "tokens_predicted": final["n_decoded"], "tokens_evaluated": final["n_prompt"],
+        "generation_settings": settings(params, opts, full=True, eog=eog), "prompt": prompt_text,
+        "has_new_line": final["has_new_line"], "truncated": final["truncated"], "stop_type": final["stop_type"],
+        "stopping_word": final["stopping_word"], "tokens_cached": final["n_prompt"] + final["n_decoded"] - 1,
+        "timings": final["timings"],
+    }
+    if params.n_probs > 0 and not streamed:
+        out["completion_probabilities"] = final["probs"]
+    if opts.response_fields:
+        out = project(out, opts.response_fields)
+    return out
+
+
+def native_event(ev: dict[str, Any], params: SamplingParams, opts: Options, index: int = 0) -> dict[str, Any]:
+    out: dict[str, Any] = {"index": index, "content": ev["text"], "tokens": [ev["token"]], "stop": False,
+                           "id_slot": ev["id_slot"], "tokens_predicted": ev["n_decoded"],
+                           "tokens_evaluated": ev["n_prompt"]}
+    if opts.timings_per_token:
+        out["timings"] = ev["timings"]
+    if params.n_probs > 0 and ev["probs"] is not None:
+        out["completion_probabilities"] = [ev["probs"]]
+    return out
+
+
+def project(obj: dict[str, Any], paths: tuple[str, ...]) -> dict[str, Any]:
+    """``response_fields``: keep these paths; ``a/b`` is returned under the key ``"a/b"``; missing ones dropped."""
+    out: dict[str, Any] = {}
+    for path in paths:
+        cur: Any = obj
+        for part in path.split("/"):
+            if not isinstance(cur, dict) or part not in cur:
+                break
+            cur = cur[part]
+        else:
+            out[path] = cur
+    return out
+
+
+def usage(finals: list[dict[str, Any]]) -> dict[str, Any]:
+    prompt = finals[0]["n_prompt"] if finals else 0
+    completion = sum(f["n_decoded"] for f in finals)
+    return {"completion_tokens": completion, "prompt_tokens": prompt, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": finals[0]["n_cached"] if finals else 0}}
+
+
+def finish_reason(final: dict[str, Any]) -> str:
+    return "stop" if final["stop_type"] in ("eos", "word") else "length"
+
+
+def oai_envelope(obj: str, cid: str, model: str, created: int | None = None) -> dict[str, Any]:
+    return {"created": created or int(time.time()), "model": model, "system_fingerprint": BUILD_INFO,
+            "object": obj, "id": cid}
+
+
+def oai_completion(finals: list[dict[str, Any]], cid: str, model: str) -> dict[str, Any]:
+    choices = [{"text": f["content"], "index": i, "finish_reason": finish_reason(f),
+                "logprobs": {"content": f["probs"]} if f["probs"] else None} for i, f in enumerate(finals)]
+    return {"choices": choices, **oai_envelope("text_completion", cid, model), "usage": usage(finals),
+            "timings": finals[0]["timings"]}
+
+
+def oai_chat(finals: list[dict[str, Any]], cid: str, model: str, reasoning: list[tuple[str, str]],
+             with_logprobs: bool) -> dict[str, Any]:
+    choices = []
+    for i, f in enumerate(finals):
+        thought, content = reasoning[i]
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if thought:
+            message["reasoning_content"] = thought
+        choice: dict[str, Any] = {"finish_reason": finish_reason(f), "index": i, "message": message}
+        if with_logprobs:
+            choice["logprobs"] = {"content": f["probs"]}
+        choices.append(choice)
+    return {"choices": choices, **oai_envelope("chat.completion", cid, model), "usage": usage(finals),
+            "timings": finals[0]["timings"]}
+
+
+class ReasoningSplitter:
+    """Splits a thinking model's ``<think> ... </think>`` block off the answer, as text streams in.
+
+    ``started`` says the prompt already opened the block (a generation prompt ending in ``<think>``)."""
+
+    START, END = "<think>", "</think>"
+
+    def __init__(self, enabled: bool, started: bool = False) -> None:
+        self.enabled = enabled
+        self.state = "think" if enabled and started else ("start" if enabled else "content")
+        self.pending = ""
+
+    def push(self, text: str, final: bool = False) -> tuple[str, str]:
+        """(reasoning, content) released by this text; text that may be a partial tag is held back."""
+        if self.state == "content":
+            return "", text
+        self.pending += text
+        thought, content = "", ""
+        while True:
+            if self.state == "start":
+                stripped = self.pending.lstrip()
+                if stripped.startswith(self.START):
+                    self.pending = stripped[len(self.START):]
+                    self.state = "think"
+                    continue
+                if not final and self.START.startswith(stripped):
+                    return thought, content  # maybe the start tag, still coming
+                self.state, content, self.pending = "content", content + self.pending, ""
+                return thought, content
+            if self.state == "think":
+                at = self.pending.find(self.END)
+                if at >= 0:
+                    thought += self.pending[:at]
+                    self.pending = self.pending[at + len(self.END):].lstrip("\n")
+                    self.state = "content"
+                    content += self.pending
+                    self.pending = ""
+                    return thought, content
+                keep = 0 if final else _partial_suffix(self.pending, self.END)
+                thought += self.pending[:len(self.pending) - keep]
+                self.pending = self.pending[len(self.pending) - keep:]
+                return thought, content
+            return thought, content + self.pending
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
