@@ -366,3 +366,25 @@ def test_cors_localhost_only(smol):
         assert r.headers["access-control-allow-origin"] == "http://localhost:3000"
         r = call(s, "GET", "/health", headers={"Origin": "http://localhost.evil.com"})
         assert "access-control-allow-origin" not in r.headers
+
+
+def test_prompt_progress(server):
+    prompt = "This is a test. " * 10
+    events = call(server, "POST", "/completion", {"prompt": prompt, "n_predict": 2, "stream": True,
+                                                  "return_progress": True, "cache_prompt": False}).events()
+    progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+    total = progress[0]["total"]
+    assert [p["processed"] for p in progress] == [0, total] and {p["cache"] for p in progress} == {0}
+    chunks = call(server, "POST", "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2, "stream": True,
+                                                           "return_progress": True}).events()
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None} and "prompt_progress" in chunks[0]
+    assert all("role" not in c["choices"][0]["delta"] for c in chunks[1:-1] if c["choices"])
+
+
+def test_n_indent_stops_at_a_dedented_line(server):
+    body = {"prompt": "def add(a, b):\n    \"\"\"Add two numbers.\"\"\"\n", "n_predict": 64, "temperature": 0}
+    free = call(server, "POST", "/completion", body).json()["content"]
+    r = call(server, "POST", "/completion", {**body, "n_indent": 4}).json()
+    # greedy: a line "```", an empty line, ...; the empty line is indented 0 < 4 (llama.cpp counts it), so the
+    # text is cut where it starts
+    assert free.startswith("```\n\n") and r["stop_type"] == "limit" and r["content"] == "```\n"

@@ -193,7 +193,8 @@ class Run:
 
         task = Task(tokens=tokens, params=params, emit=emit, n_predict=opts.n_predict, n_keep=opts.n_keep,
                     n_discard=opts.n_discard, stop=opts.stop, cache_prompt=opts.cache_prompt, id_slot=opts.id_slot,
-                    index=index, n_indent=opts.n_indent, t_max_predict_ms=opts.t_max_predict_ms)
+                    index=index, n_indent=opts.n_indent, t_max_predict_ms=opts.t_max_predict_ms,
+                    return_progress=opts.return_progress and opts.stream)
         self.tasks.append(task)
         self.engine.submit(task)
 
@@ -522,7 +523,9 @@ def create_app(state: ServerState) -> Any:
 
         async def events() -> AsyncIterator[bytes]:
             async for index, ev in run.events():
-                if ev["type"] == "token":
+                if ev["type"] == "progress":
+                    yield sse(rs.native_progress(ev, index))
+                elif ev["type"] == "token":
                     yield sse(rs.native_event(ev, params, opts, index))
                 elif ev["type"] == "final":
                     yield sse(rs.native_final(ev, model=model_id, prompt_text=texts[index], params=params,
@@ -618,6 +621,12 @@ def create_app(state: ServerState) -> Any:
                     yield sse(APIError(ev["code"], ev["message"], ev["error_type"]).body())
                     return
                 out = b""
+                if ev["type"] == "progress":  # rides on the role chunk, then on empty deltas
+                    delta0: dict[str, Any] = {} if role_sent[index] else {"role": "assistant", "content": None}
+                    role_sent[index] = True
+                    yield sse({"choices": [{"finish_reason": None, "index": index, "delta": delta0}], **env,
+                               "prompt_progress": ev["progress"]})
+                    continue
                 if not role_sent[index]:
                     role_sent[index] = True
                     out += sse({"choices": [{"finish_reason": None, "index": index,

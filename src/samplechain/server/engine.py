@@ -46,6 +46,7 @@ class Task:
     index: int = 0
     n_indent: int = 0
     t_max_predict_ms: float = -1.0
+    return_progress: bool = False
     id: int = 0
     cancelled: threading.Event = field(default_factory=threading.Event)
     t_queued: float = field(default_factory=time.perf_counter)
@@ -107,6 +108,7 @@ class Slot:
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.stop_type, self.stopping_word, self.truncated = "none", "", False
         self.has_new_line = False
+        self.last_nl = 0  # where the current line starts (n_indent)
         self.timings = Timings(t_start=time.perf_counter())
 
     @property
@@ -233,6 +235,14 @@ class Engine:
         slot.timings.prompt_n = len(task.tokens) - n_keep
         self.metrics.n_cached += n_keep
         task.emit({"type": "begin", "id_slot": slot.id})
+        self._progress(slot)
+
+    def _progress(self, s: Slot) -> None:
+        """``prompt_progress`` (spec/server.md §5.6): once before the prompt, then after each prompt batch."""
+        if s.task.return_progress:
+            s.task.emit({"type": "progress", "id_slot": s.id, "n_prompt": len(s.task.tokens), "progress": {
+                "total": len(s.task.tokens), "cache": s.timings.cache_n, "processed": s.prompt_pos,
+                "time_ms": (time.perf_counter() - s.timings.t_start) * 1e3}})
 
     def _step(self) -> None:
         """One forward: each generating slot's last token, then prompt chunks up to ``n_batch`` tokens."""
@@ -276,6 +286,7 @@ class Engine:
         for s, chunk in chunks:
             s.cache += chunk
             s.prompt_pos += len(chunk)
+            self._progress(s)
         logits_np = logits.float().cpu().numpy()
         for i, s in enumerate(rows):
             self._sample(s, logits_np[i])
@@ -383,6 +394,8 @@ class Engine:
                 s.stop_type, s.truncated = "limit", True
             elif task.n_predict >= 0 and n >= max(task.n_predict, 1):
                 s.stop_type = "limit"
+            elif task.n_indent > 0 and self._dedented(s):
+                s.stop_type = "limit"
             elif (task.t_max_predict_ms > 0 and s.has_new_line
                   and (time.perf_counter() - s.timings.t_first) * 1e3 > task.t_max_predict_ms):
                 s.stop_type = "limit"
@@ -396,6 +409,21 @@ class Engine:
                    "n_prompt": len(task.tokens), "id_slot": s.id, "timings": s.timings.to_dict()})
         if done:
             self._finish(s, s.stop_type, truncated=s.truncated)
+
+    def _dedented(self, s: Slot) -> bool:
+        """``n_indent``: a new line indented less than ``n_indent`` ends the generation, cut before it (FIM)."""
+        if s.last_nl > 0:
+            pos = s.last_nl
+            while pos < len(s.text) and s.text[pos] in " \t":
+                pos += 1
+            if pos < len(s.text) and pos - s.last_nl < s.task.n_indent:
+                s.text = s.text[:s.last_nl]
+                s.n_sent = min(s.n_sent, len(s.text))
+                return True
+        nl = s.text.find("\n", s.last_nl)
+        if nl >= 0:
+            s.last_nl = nl + 1
+        return False
 
     def _finish(self, s: Slot, stop_type: str, truncated: bool = False) -> None:
         task = s.task

@@ -91,6 +91,11 @@ def native_event(ev: dict[str, Any], params: SamplingParams, opts: Options, inde
     return out
 
 
+def native_progress(ev: dict[str, Any], index: int = 0) -> dict[str, Any]:
+    return {"index": index, "content": "", "tokens": [], "stop": False, "id_slot": ev["id_slot"],
+            "tokens_predicted": 0, "tokens_evaluated": ev["n_prompt"], "prompt_progress": ev["progress"]}
+
+
 def project(obj: dict[str, Any], paths: tuple[str, ...]) -> dict[str, Any]:
     """``response_fields``: keep these paths; ``a/b`` is returned under the key ``"a/b"``; missing ones dropped."""
     out: dict[str, Any] = {}
