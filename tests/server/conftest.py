@@ -1,48 +1,18 @@
 """Live servers on loopback (uvicorn in a thread, any free port) over the session's SmolLM2."""
 
 import contextlib
-import threading
-import time
 
 import pytest
 
 from samplechain.params import SamplingParams
-from samplechain.server.app import Gate, ServerConfig, ServerState, create_app
+from samplechain.server.app import BackgroundServer, ServerConfig
 from samplechain.server.request import Defaults
-
-
-class LiveServer:
-    def __init__(self, config: ServerConfig, model) -> None:
-        import uvicorn
-
-        self.state = ServerState(config)
-        self.state.load(model)
-        app = Gate(create_app(self.state), self.state)
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error",
-                                                    timeout_keep_alive=5))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started:
-            if time.time() > deadline:
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.02)
-        self.port = self.server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.state.close()
 
 
 @contextlib.contextmanager
 def live_server(model, **kwargs):
-    s = LiveServer(ServerConfig(**kwargs), model)
-    try:
+    with BackgroundServer(ServerConfig(**{"port": 0, **kwargs}), model) as s:
         yield s
-    finally:
-        s.close()
 
 
 @pytest.fixture(scope="module")

@@ -388,3 +388,15 @@ def test_n_indent_stops_at_a_dedented_line(server):
     # greedy: a line "```", an empty line, ...; the empty line is indented 0 < 4 (llama.cpp counts it), so the
     # text is cut where it starts
     assert free.startswith("```\n\n") and r["stop_type"] == "limit" and r["content"] == "```\n"
+
+
+def test_logit_bias_forms_and_out_of_vocabulary_ids(server):
+    base = {"prompt": "1, 2, 3, 4,", "n_predict": 4, "temperature": 0}
+    free = call(server, "POST", "/completion", base).json()["content"]
+    assert free.startswith(" 5")
+    for bias in ([[" 5", False]], {" 5,": False}, [[call(server, "POST", "/tokenize", {"content": " 5"}).json()
+                                                     ["tokens"][0], -1e9]]):
+        r = call(server, "POST", "/completion", {**base, "logit_bias": bias}).json()
+        assert not r["content"].startswith(" 5"), bias
+    r = call(server, "POST", "/completion", {**base, "logit_bias": [[49152, 1.0]]})
+    assert r.status == 400 and "49152" in r.json()["error"]["message"]  # llama-server skips it silently (P28)

@@ -282,7 +282,8 @@ def create_app(state: ServerState) -> Any:
         return state.engine
 
     def sampling(body: dict[str, Any]) -> SamplingParams:
-        params = rq.parse_sampling(body, config.defaults, state.model.config.n_vocab)
+        # out-of-vocabulary logit-bias ids are a 400 (llama-server skips them silently: spec/samplers P28)
+        params = rq.parse_sampling(body, config.defaults)
         rq.check_constraint(params, state.model)
         return params
 
@@ -662,6 +663,47 @@ def create_app(state: ServerState) -> Any:
         return streaming(events(), run)
 
     return app
+
+
+class BackgroundServer:
+    """A server on a thread of this process (tests, notebooks, embedding): ``with start() as s: ... s.url``."""
+
+    def __init__(self, config: ServerConfig, model: Any = None, log_level: str = "error") -> None:
+        import uvicorn
+
+        self.state = ServerState(config)
+        self.state.load(model)
+        app = Gate(create_app(self.state), self.state)
+        self.server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
+                                                    timeout_keep_alive=5, server_header=False))
+        self.thread = threading.Thread(target=self.server.run, name="samplechain-http", daemon=True)
+        self.thread.start()
+        deadline = time.time() + 60
+        while not self.server.started:
+            if not self.thread.is_alive() or time.time() > deadline:
+                self.state.close()
+                raise RuntimeError(f"the server did not start on {config.host}:{config.port}")
+            time.sleep(0.01)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://{config.host}:{self.port}"
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.state.close()
+
+    def __enter__(self) -> BackgroundServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def start(model: Any = None, **config: Any) -> BackgroundServer:
+    """Start a server in the background: ``model`` a loaded ``Model`` (default: load ``config['model']`` or the
+    packaged SmolLM2), ``config`` fields of :class:`ServerConfig` (``port=0``, the default here, picks a free port)."""
+    config.setdefault("port", 0)
+    return BackgroundServer(ServerConfig(**config), model)
 
 
 def serve(config: ServerConfig, log_level: str = "warning") -> None:

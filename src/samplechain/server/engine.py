@@ -224,7 +224,12 @@ class Engine:
         return best or min(idle, key=lambda s: s.t_used)
 
     def _launch(self, slot: Slot, task: Task) -> None:
-        slot.start(task, self.model)
+        try:
+            slot.start(task, self.model)
+        except ValueError as e:
+            slot.task = None
+            task.emit({"type": "error", "code": 400, "message": str(e), "error_type": "invalid_request_error"})
+            return
         n_keep = 0
         if task.cache_prompt:
             n_keep = min(common_prefix(slot.cache, task.tokens), len(task.tokens) - 1)  # >= 1 token re-evaluated

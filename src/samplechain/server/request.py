@@ -158,11 +158,10 @@ def parse_sampling(body: Mapping[str, Any], defaults: Defaults, n_vocab: int | N
 
 
 def check_constraint(params: SamplingParams, model: Model) -> None:
-    """Refuse a bad grammar or schema with a 400 before the task starts (llama-server fails at sampler init)."""
+    """Refuse what the sampler cannot be built from (a bad grammar or schema, a logit bias outside the vocabulary)
+    with a 400 before the task starts (llama-server fails at sampler init)."""
     from samplechain.params import CommonSampler
 
-    if not params.grammar and params.json_schema is None:
-        return
     try:
         CommonSampler(params, model.vocab, n_vocab=model.config.n_vocab)
     except (GrammarError, ValueError) as e:
