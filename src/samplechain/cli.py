@@ -91,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp = g.add_argument_group("speculative decoding (llama.cpp's flags; the text is the same with or without)")
     c = g.add_argument_group("constrained output")
     add_sampling_arguments(s, constraints=c)
+    _add_spec_arguments(sp)
+    _add_serve_parser(sub)
+    return parser
+
+
+def _add_spec_arguments(sp: argparse._ArgumentGroup) -> None:
+    """llama.cpp's speculative decoding flags (``generate`` and ``serve``)."""
     sp.add_argument("--spec-type", action="append", default=[],
                     help="comma-separated drafters: ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, "
                          "ngram-cache, draft-simple (with -md), none; repeatable")
@@ -113,8 +120,6 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument(f"--spec-ngram-mod-{what}", type=int, default=default, help=argparse.SUPPRESS)
     sp.add_argument("-lcs", "--lookup-cache-static", default=None, help="ngram-cache: static n-gram statistics")
     sp.add_argument("-lcd", "--lookup-cache-dynamic", default=None, help="ngram-cache: dynamic n-gram statistics")
-    _add_serve_parser(sub)
-    return parser
 
 
 def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -164,6 +169,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="HTTP server log level")
     s = sv.add_argument_group("sampling: every request's defaults (llama.cpp's flags and defaults)")
     add_sampling_arguments(s)
+    _add_spec_arguments(sv.add_argument_group("speculative decoding per slot (n-gram drafters; same text as without)"))
 
 
 def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
@@ -193,7 +199,11 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     _check_constraint(params)
     defaults = Defaults(params=params, n_predict=args.n_predict, n_keep=args.keep,
                         stop=tuple(r for r in args.reverse_prompt if r), cache_prompt=args.cache_prompt)
+    if args.model_draft is not None or "draft-simple" in {t.strip() for v in _spec_types(args) for t in v.split(",")}:
+        parser.error("serve drafts with the n-gram drafters only (draft-simple / -md are for generate)")
+    _speculation(args, None)  # bad drafter names and lengths are usage errors now, not at the first request
     config = ServerConfig(
+        speculation=(lambda: _speculation(args, None)) if _spec_types(args) else None,
         model=args.model, host=args.host, port=args.port, n_slots=4 if args.parallel == -1 else args.parallel,
         n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads, device=args.device,
         kernel=args.kernel, api_keys=_api_keys(args), cors_origins=args.cors_origins,

@@ -400,3 +400,48 @@ def test_logit_bias_forms_and_out_of_vocabulary_ids(server):
         assert not r["content"].startswith(" 5"), bias
     r = call(server, "POST", "/completion", {**base, "logit_bias": [[49152, 1.0]]})
     assert r.status == 400 and "49152" in r.json()["error"]["message"]  # llama-server skips it silently (P28)
+
+
+def test_speculative_slots_give_the_same_text(smol):
+    from benchmarks.bench_speculative import TASKS
+
+    from samplechain.runtime.speculation import Speculation
+    from samplechain.speculative.ngram import make_drafters
+
+    prompt = TASKS["copy"]
+    bodies = [{"prompt": prompt, "n_predict": 40, "temperature": 0},
+              {"prompt": prompt, "n_predict": 40, "seed": 3, "temperature": 0.8, "repeat_penalty": 1.1,
+               "stop": ["waves"]}]
+    with live_server(smol, n_slots=2, n_ctx=1024) as plain:
+        expected = [call(plain, "POST", "/completion", b).json() for b in bodies]
+    with live_server(smol, n_slots=2, n_ctx=1024, metrics=True,
+                     speculation=lambda: Speculation(make_drafters(["ngram-simple"], ngram_simple_size_n=3,
+                                                                   ngram_simple_size_m=16), n_max=8)) as spec:
+        got = [call(spec, "POST", "/completion", b).json() for b in bodies]
+        streamed = call(spec, "POST", "/completion", {**bodies[0], "stream": True}).events()
+        metrics = call(spec, "GET", "/metrics").body.decode()
+    for e, g in zip(expected, got, strict=True):
+        assert g["content"] == e["content"] and g["stop_type"] == e["stop_type"]
+        assert g["tokens_predicted"] == e["tokens_predicted"]
+    assert "".join(ev["content"] for ev in streamed) == expected[0]["content"]
+    assert got[0]["timings"]["draft_n_accepted"] > 0  # the copy was drafted
+    assert re.search(r"^llamacpp:spec_decode_num_accepted_tokens_total [1-9]", metrics, re.M)
+
+
+@pytest.mark.parametrize("argv", [["-np", "0"], ["-b", "0"], ["-n", "-3"], ["--spec-type", "draft-simple"],
+                                  ["--port", "-1"], ["--temp", "nan"]])
+def test_serve_usage_errors(argv, capsys):
+    from samplechain.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["serve", *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert re.match(r"samplechain( serve)?: error: ", err) and err.count("\n") == 1
+
+
+def test_serve_bad_drafter_name(capsys):
+    from samplechain.cli import main
+
+    assert main(["serve", "--spec-type", "ngram-nothing"]) == 1
+    assert "ngram-nothing" in capsys.readouterr().err

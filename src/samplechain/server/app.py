@@ -56,6 +56,7 @@ class ServerConfig:
     context_shift: bool = False
     special: bool = False
     defaults: Defaults = field(default_factory=Defaults)
+    speculation: Callable[[], Any] | None = None  # a fresh Speculation per task (n-gram drafters), or None
 
 
 class ServerState:
@@ -79,7 +80,7 @@ class ServerState:
                                    kernel=self.config.kernel)
             self.model = model
             self.engine = Engine(model, self.config.n_slots, self.config.n_ctx, self.config.n_batch,
-                                 self.config.context_shift, self.config.special)
+                                 self.config.context_shift, self.config.special, self.config.speculation)
             self.engine.start()
             self.ready.set()
         except Exception as e:
@@ -473,6 +474,10 @@ def create_app(state: ServerState) -> Any:
              m.tokens_predicted_seconds_total),
             ("counter", "n_decode_total", "Total number of llama_decode() calls", m.n_decode_total),
             ("counter", "n_tokens_max", "Largest observed n_tokens.", m.n_tokens_max),
+            ("counter", "spec_decode_num_drafts_total", "Number of speculative drafts.", m.spec_drafts),
+            ("counter", "spec_decode_num_draft_tokens_total", "Number of drafted tokens.", m.spec_draft_tokens),
+            ("counter", "spec_decode_num_accepted_tokens_total", "Number of accepted draft tokens.",
+             m.spec_accepted_tokens),
             ("gauge", "n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
              m.n_busy_slots_total / m.n_decode_total if m.n_decode_total else 0.0),
             ("gauge", "prompt_tokens_seconds", "Average prompt throughput in tokens/s.",

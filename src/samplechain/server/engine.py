@@ -60,6 +60,8 @@ class Timings:
     t_first: float = 0.0
     t_last: float = 0.0
     predicted_n: int = 0
+    draft_n: int | None = None  # with speculative decoding: tokens drafted, and accepted
+    draft_n_accepted: int = 0
 
     def to_dict(self) -> dict[str, float | int]:
         """llama-server's ``timings``: the first token's cost is in the prompt phase; the rate is over n - 1."""
@@ -76,6 +78,7 @@ class Timings:
             "predicted_ms": predicted_ms,
             "predicted_per_token_ms": predicted_ms / n_rate if n_rate else 0.0,
             "predicted_per_second": 1e3 * n_rate / predicted_ms if n_rate and predicted_ms > 0 else 0.0,
+            **({} if self.draft_n is None else {"draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted}),
         }
 
 
@@ -94,8 +97,12 @@ class Slot:
     def busy(self) -> bool:
         return self.task is not None
 
-    def start(self, task: Task, model: Model) -> None:
+    def start(self, task: Task, model: Model, speculation: Callable[[], Any] | None = None) -> None:
         self.task = task
+        # n-gram drafting, verified by sample-and-compare: the same tokens as without (not with n_probs, whose
+        # entries need each position's own sampling step)
+        self.spec = speculation() if speculation is not None and task.params.n_probs == 0 else None
+        self.draft: list[int] = []
         self.sampler = CommonSampler(task.params, model.vocab, n_vocab=model.config.n_vocab)
         for tok in task.tokens:
             self.sampler.accept(tok, is_generated=False)
@@ -120,7 +127,8 @@ class Engine:
     """Runs tasks on ``n_slots`` slots of ``model``; ``submit`` from any thread, events come back via ``Task.emit``."""
 
     def __init__(self, model: Model, n_slots: int = 4, n_ctx: int = 0, n_batch: int = 512,
-                 context_shift: bool = False, special: bool = False) -> None:
+                 context_shift: bool = False, special: bool = False,
+                 speculation: Callable[[], Any] | None = None) -> None:
         if n_slots < 1:
             raise ValueError(f"the number of slots must be positive, got {n_slots}")
         n_ctx = n_ctx or model.config.n_ctx_train
@@ -129,6 +137,7 @@ class Engine:
         self.model, self.vocab = model, model.vocab
         self.n_ctx_slot = n_ctx // n_slots
         self.n_batch, self.context_shift, self.special = n_batch, context_shift, special
+        self.speculation = speculation
         self.ctx = model.new_context(self.n_ctx_slot * n_slots, n_seq_max=n_slots, n_batch=n_batch, kv_unified=False)
         self.slots = [Slot(i, self.n_ctx_slot) for i in range(n_slots)]
         self._inbox: queue.Queue[Task | None] = queue.Queue()
@@ -225,7 +234,7 @@ class Engine:
 
     def _launch(self, slot: Slot, task: Task) -> None:
         try:
-            slot.start(task, self.model)
+            slot.start(task, self.model, self.speculation)
         except ValueError as e:
             slot.task = None
             task.emit({"type": "error", "code": 400, "message": str(e), "error_type": "invalid_request_error"})
@@ -238,6 +247,8 @@ class Engine:
         slot.prompt_pos = n_keep
         slot.timings.cache_n = n_keep
         slot.timings.prompt_n = len(task.tokens) - n_keep
+        if slot.spec is not None:
+            slot.timings.draft_n = 0
         self.metrics.n_cached += n_keep
         task.emit({"type": "begin", "id_slot": slot.id})
         self._progress(slot)
@@ -256,14 +267,16 @@ class Engine:
         seqs: list[int] = []
         outputs: list[bool] = []
         # the last sampled token of every generating slot (it is not in the cache yet)
-        rows: list[Slot] = []  # the slot of each output row
+        rows: list[tuple[Slot, list[int]]] = []  # per output block: the slot and the draft it verifies
         stepping = [s for s in self.slots if s.busy and s.last is not None and self._make_room(s)]
         for s in stepping:
-            tokens.append(s.last)
-            positions.append(s.n_past)
-            seqs.append(s.id)
-            outputs.append(True)
-            rows.append(s)
+            s.draft = self._propose(s)
+            batch = [s.last, *s.draft]
+            tokens += batch
+            positions += range(s.n_past, s.n_past + len(batch))
+            seqs += [s.id] * len(batch)
+            outputs += [True] * len(batch)
+            rows.append((s, s.draft))
         budget = max(self.n_batch - len(tokens), 0)
         chunks: list[tuple[Slot, list[int]]] = []
         for s in sorted((s for s in self.slots if s.busy and s.last is None), key=lambda s: s.task.id):
@@ -279,22 +292,62 @@ class Engine:
             outputs += [False] * (len(chunk) - 1) + [done]
             chunks.append((s, chunk))
             if done:
-                rows.append(s)
+                rows.append((s, []))
         if not tokens:
             return
         t0 = time.perf_counter()
         logits = self.ctx.decode(tokens, positions=positions, seq_ids=seqs, outputs=outputs)
-        self.metrics.add_decode(time.perf_counter() - t0, len(tokens), sum(1 for s in self.slots if s.busy))
-        for s in stepping:  # the batch is in the cache now
-            s.cache.append(s.last)
+        elapsed = time.perf_counter() - t0
+        self.metrics.add_decode(elapsed, len(tokens), sum(1 for s in self.slots if s.busy))
+        for s in stepping:  # the batch is in the cache now (rejected drafts leave it after verification)
+            s.cache += [s.last, *s.draft]
             s.last = None
         for s, chunk in chunks:
             s.cache += chunk
             s.prompt_pos += len(chunk)
             self._progress(s)
         logits_np = logits.float().cpu().numpy()
-        for i, s in enumerate(rows):
-            self._sample(s, logits_np[i])
+        i = 0
+        for s, draft in rows:
+            block = logits_np[i:i + 1 + len(draft)]
+            i += 1 + len(draft)
+            if s.spec is not None and s in stepping:
+                self._verify(s, block, draft, elapsed)
+            else:
+                self._sample(s, block[0])
+
+    def _propose(self, s: Slot) -> list[int]:
+        """The slot's draft for this step (none without speculation or room)."""
+        if s.spec is None:
+            return []
+        limit = s.n_ctx - s.n_past - 2
+        if s.task.n_predict >= 0:  # the accepted drafts and the target's own token stay within n_predict
+            limit = min(limit, s.task.n_predict - len(s.generated) - 1)
+        return s.spec.propose(s.cache, s.last, limit) if limit > 0 else []
+
+    def _verify(self, s: Slot, block: np.ndarray, draft: list[int], elapsed: float) -> None:
+        """Sample-and-compare over ``[last, *draft]``'s rows: every emitted token is the target's own sample."""
+        spec = s.spec
+        spec.record_time(1 + len(draft), elapsed)
+        try:
+            accepted = spec.verify_round(s.sampler, list(block), draft)
+        except ValueError as e:
+            self._fail(s, str(e))
+            return
+        n_acc = len(accepted) - 1
+        if draft:
+            spec.accept(len(draft), n_acc)
+            s.timings.draft_n += len(draft)
+            s.timings.draft_n_accepted += n_acc
+            self.metrics.add_draft(len(draft), n_acc)
+        keep = len(s.cache) - len(draft) + n_acc
+        if keep < len(s.cache):  # the rejected drafts' cells
+            self.ctx.seq_rm(s.id, keep, -1)
+            del s.cache[keep:]
+        for token in accepted:
+            self._sampled(s, token, None)
+            if s.task is None:  # finished: a stop string, a limit or end of generation
+                break
 
     def _make_room(self, s: Slot) -> bool:
         """Room for the slot's next token: a context shift when enabled, else the slot was already stopped."""
@@ -321,20 +374,26 @@ class Engine:
 
     def _sample(self, s: Slot, row: np.ndarray) -> None:
         task = s.task
-        now = time.perf_counter()
         try:
             token = s.sampler.sample(row)
         except ValueError as e:
             self._fail(s, str(e))
             return
+        if s.spec is not None and not s.generated:  # the prompt is in: index it for the drafters
+            s.spec.begin(task.tokens)
+        self._sampled(s, token, row)
+
+    def _sampled(self, s: Slot, token: int, row: np.ndarray | None) -> None:
+        """A token the slot's sampler chose (and accepted): timings, probabilities, text and limits."""
+        now = time.perf_counter()
         if not s.generated:
             s.timings.t_first = now
             self.metrics.add_prompt(s.timings.prompt_n, now - s.timings.t_start)
         s.generated.append(token)
-        s.timings.t_last = time.perf_counter()
+        s.timings.t_last = now
         s.timings.predicted_n = len(s.generated)
         probs = None
-        if task.params.n_probs > 0:
+        if s.task.params.n_probs > 0 and row is not None:
             probs = self._probs(s, token, row)
             s.probs.append(probs)
         s.last = token
@@ -481,6 +540,14 @@ class Metrics:
         # the window since the last scrape
         self.window_prompt = [0, 0.0]
         self.window_predicted = [0, 0.0]
+        self.spec_drafts = 0
+        self.spec_draft_tokens = 0
+        self.spec_accepted_tokens = 0
+
+    def add_draft(self, n_drafted: int, n_accepted: int) -> None:
+        self.spec_drafts += 1
+        self.spec_draft_tokens += n_drafted
+        self.spec_accepted_tokens += n_accepted
 
     def add_decode(self, seconds: float, n_tokens: int, n_busy: int) -> None:
         self.n_decode_total += 1
