@@ -445,3 +445,30 @@ def test_serve_bad_drafter_name(capsys):
 
     assert main(["serve", "--spec-type", "ngram-nothing"]) == 1
     assert "ngram-nothing" in capsys.readouterr().err
+
+
+def test_503_while_the_model_loads():
+    import uvicorn
+
+    from samplechain.server.app import Gate, ServerConfig, ServerState, create_app
+
+    state = ServerState(ServerConfig())  # never loaded
+    server = uvicorn.Server(uvicorn.Config(Gate(create_app(state), state), host="127.0.0.1", port=0,
+                                           log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.01)
+
+        class Where:
+            port = server.servers[0].sockets[0].getsockname()[1]
+
+        for path in ("/health", "/v1/models"):
+            r = call(Where, "GET", path)
+            assert r.status == 503
+            assert r.json() == {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+        assert call(Where, "OPTIONS", "/v1/models").status == 200  # preflight needs no model
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

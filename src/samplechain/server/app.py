@@ -451,7 +451,8 @@ def create_app(state: ServerState) -> Any:
                 d.update({k: last[k] for k in ("id_task", "n_prompt_tokens", "n_prompt_tokens_processed",
                                                "n_prompt_tokens_cache")})
                 d["params"] = rs.settings(last["params"], Options(n_predict=last["n_predict"]))
-                d["next_token"] = [{"has_next_token": s.busy, "has_new_line": False, "n_remain": n_remain,
+                d["next_token"] = [{"has_next_token": s.busy, "has_new_line": s.busy and s.has_new_line,
+                                    "n_remain": n_remain,
                                     "n_decoded": last["n_decoded"]}]
             out.append(d)
         return reply(out)
