@@ -500,16 +500,18 @@ class Engine:
             n_stop = len(self.vocab.tokenize(s.stopping_word, add_special=False))
             probs = probs[:max(len(probs) - n_stop, 0)]
         self.metrics.add_predicted(len(s.generated), s.timings.t_last - s.timings.t_first)
-        task.emit({"type": "final", "content": content, "tokens": list(s.generated), "stop_type": stop_type,
-                   "stopping_word": s.stopping_word, "truncated": truncated or s.truncated,
-                   "has_new_line": s.has_new_line, "n_prompt": len(task.tokens), "n_decoded": len(s.generated),
-                   "n_cached": s.timings.cache_n, "timings": s.timings.to_dict(), "probs": probs, "id_slot": s.id})
-        self._release(s)
+        final = {"type": "final", "content": content, "tokens": list(s.generated), "stop_type": stop_type,
+                 "stopping_word": s.stopping_word, "truncated": truncated or s.truncated,
+                 "has_new_line": s.has_new_line, "n_prompt": len(task.tokens), "n_decoded": len(s.generated),
+                 "n_cached": s.timings.cache_n, "timings": s.timings.to_dict(), "probs": probs, "id_slot": s.id}
+        self._release(s)  # first: a client that has its answer sees the slot idle
+        task.emit(final)
 
     def _fail(self, s: Slot, message: str) -> None:
-        if s.task is not None:
-            s.task.emit({"type": "error", "code": 500, "message": message, "error_type": "server_error"})
+        task = s.task
         self._release(s)
+        if task is not None:
+            task.emit({"type": "error", "code": 500, "message": message, "error_type": "server_error"})
 
     def _release(self, s: Slot) -> None:
         task = s.task
