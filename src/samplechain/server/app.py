@@ -23,11 +23,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from samplechain.params import SamplingParams
 from samplechain.server import request as rq
 from samplechain.server import responses as rs
+from samplechain.server import visualizer
 from samplechain.server.engine import Engine, Task
 from samplechain.server.request import APIError, Defaults, Options, bad_request
 
 MAX_BODY = 100 * 1024 * 1024  # cpp-httplib's default request body limit
-PUBLIC_PATHS = ("/health", "/v1/health")
+# the visualizer's page and assets are public, as llama-server's UI is (its API calls need the key)
+PUBLIC_PATHS = ("/health", "/v1/health", *visualizer.PAGE_PATHS)
 
 
 @dataclass
@@ -151,7 +153,7 @@ class Gate:
             await _error(send_with, APIError(503, message, "unavailable_error"))
             return
         keys = self.state.config.api_keys
-        if keys and path not in PUBLIC_PATHS:
+        if keys and path not in PUBLIC_PATHS and not path.startswith(visualizer.ASSET_PREFIX):
             given = headers.get("authorization")
             given = given[7:] if given is not None and given.startswith("Bearer ") else given
             if given is None:
@@ -671,6 +673,7 @@ def create_app(state: ServerState) -> Any:
             yield b"data: [DONE]\n\n"
         return streaming(events(), run)
 
+    visualizer.add_routes(app, state)
     return app
 
 

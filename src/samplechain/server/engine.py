@@ -18,6 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,7 +141,7 @@ class Engine:
         self.speculation = speculation
         self.ctx = model.new_context(self.n_ctx_slot * n_slots, n_seq_max=n_slots, n_batch=n_batch, kv_unified=False)
         self.slots = [Slot(i, self.n_ctx_slot) for i in range(n_slots)]
-        self._inbox: queue.Queue[Task | None] = queue.Queue()
+        self._inbox: queue.Queue[Task | Callable[[], None] | None] = queue.Queue()
         self._deferred: deque[Task] = deque()
         self._next_id = 0
         self._lock = threading.Lock()
@@ -171,6 +172,21 @@ class Engine:
         task.cancelled.set()
         self._inbox.put(None)  # wake the loop
 
+    def call(self, fn: Callable[[], Any]) -> Future:
+        """Run ``fn`` on the engine thread between two steps, for work that uses the model outside the slots (a
+        sampling trace): it never runs beside a step. Its result or exception comes back through the future."""
+        future: Future = Future()
+
+        def run() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as e:
+                    future.set_exception(e)
+
+        self._inbox.put(run)
+        return future
+
     @property
     def n_deferred(self) -> int:
         return len(self._deferred)
@@ -184,8 +200,10 @@ class Engine:
                 while True:
                     item = self._inbox.get(block=block, timeout=None)
                     block = False
-                    if item is not None:
+                    if isinstance(item, Task):
                         self._deferred.append(item)
+                    elif item is not None:  # a call (see call())
+                        item()
             except queue.Empty:
                 pass
             if self._stopping:

@@ -1,0 +1,149 @@
+"""The sampler-chain visualizer: ``POST /sampling/trace`` and the page at ``/`` (issue 16).
+
+``/sampling/trace`` takes a completion request's prompt (or chat ``messages``) and sampling fields, plus ``n_top``
+(candidates kept per stage), ``steps`` (tokens traced, each appended before the next) and ``generated`` (tokens
+already chosen after the prompt), and answers with the candidates after every stage of the chain
+(``samplechain.trace``). The trace runs on the engine thread (``Engine.call``), between two steps, in a context of
+its own, so it never runs the model beside the slots; its tokens are those a completion with the same parameters
+generates. The page is static (``static/``: HTML, CSS and JavaScript, no build step, nothing fetched from
+elsewhere) and public, as llama-server's UI is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from samplechain.server import request as rq
+from samplechain.server.request import APIError, bad_request
+
+STATIC_DIR = Path(__file__).parent / "static"
+# the page's files, served at /static/<name> (and index.html at /)
+_TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8",
+          ".js": "text/javascript; charset=utf-8", ".svg": "image/svg+xml", ".png": "image/png"}
+PAGE_PATHS = ("/", "/index.html")
+ASSET_PREFIX = "/static/"
+MAX_N_TOP = 100
+MAX_STEPS = 64  # a trace holds the engine between two of its steps: keep it short
+
+
+def add_routes(app: Any, state: Any) -> None:
+    """Add ``POST /sampling/trace``, the page at ``/`` and its assets to ``app`` (the server's FastAPI app)."""
+    config = state.config
+    holder: dict[str, Any] = {}  # the trace context, made on the engine thread at the first trace
+
+    def reply(obj: Any, status: int = 200) -> Response:
+        body = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        return Response(body, status_code=status, media_type="application/json; charset=utf-8")
+
+    def static(name: str) -> Response:
+        path = STATIC_DIR / name
+        if name not in _assets() or not path.is_file():
+            raise APIError(404, "File Not Found", "not_found_error")
+        return Response(path.read_bytes(), media_type=_TYPES[path.suffix], headers={"Cache-Control": "no-cache"})
+
+    @app.get("/")
+    @app.get("/index.html")
+    async def page() -> Response:
+        return static("index.html")
+
+    @app.get(ASSET_PREFIX + "{name}")
+    async def asset(name: str) -> Response:
+        return static(name)
+
+    @app.post("/sampling/trace")
+    async def sampling_trace(req: Request) -> Response:
+        body = await _body(req)
+        model, engine = state.model, state.engine
+        try:
+            tokens, params = _prompt_and_params(state, body)
+            n_top = rq._int(body, ("n_top",), 10, 1, MAX_N_TOP)
+            steps = rq._int(body, ("steps",), 1, 1, MAX_STEPS)
+            generated = _token_ids(body.get("generated"), model.config.n_vocab)
+        except ValueError as e:
+            raise bad_request(str(e)) from None
+        n_ctx = engine.n_ctx_slot
+        n_needed = len(tokens) + len(generated) + steps
+        if n_needed > n_ctx:
+            raise APIError(400, f"request ({len(tokens) + len(generated)} tokens and {steps} steps) exceeds the "
+                           f"available context size ({n_ctx} tokens), try increasing it", "exceed_context_size_error",
+                           n_prompt_tokens=len(tokens), n_ctx=n_ctx)
+
+        def run() -> Any:  # on the engine thread
+            from samplechain.trace import TraceContext, trace
+
+            ctx = holder.get("ctx")
+            if ctx is None:
+                ctx = holder["ctx"] = TraceContext(model, n_ctx, n_batch=config.n_batch)
+            return trace(model, tokens, params, n_top=n_top, steps=steps, generated=generated, context=ctx)
+
+        try:
+            result = await asyncio.wrap_future(engine.call(run))
+        except ValueError as e:  # a token the grammar refuses, a chain that selects nothing
+            raise bad_request(str(e)) from None
+        out = result.to_dict()
+        out["model"] = state.model_id
+        out["n_ctx"] = n_ctx
+        out["prompt"] = b"".join(map(model.vocab.token_bytes, tokens)).decode("utf-8", "replace")  # specials shown
+        return reply(out)
+
+
+def _assets() -> frozenset[str]:
+    return frozenset(p.name for p in STATIC_DIR.iterdir() if p.suffix in _TYPES)
+
+
+async def _body(req: Request) -> dict[str, Any]:
+    """The JSON body, read as the completion routes read theirs (a parse error is a 500, as llama-server)."""
+    from samplechain.server.app import MAX_BODY
+
+    raw = await req.body()
+    if len(raw) > MAX_BODY:
+        raise APIError(413, "Payload Too Large")
+    try:
+        body = json.loads(raw or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(500, f"[json.exception.parse_error] {e}", "server_error") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    return body
+
+
+def _prompt_and_params(state: Any, body: dict[str, Any]) -> tuple[list[int], Any]:
+    """The prompt's tokens (``prompt`` as in /completion, or ``messages`` as in /v1/chat/completions) and the
+    sampling parameters over the server's defaults; bad fields raise the server's 400s."""
+    model = state.model
+    if body.get("messages") is not None:
+        if body.get("prompt") is not None:
+            raise bad_request("use one of \"prompt\" and \"messages\"")
+        from samplechain.runtime.chat import starts_with_bos
+
+        text, generation_prompt = rq.chat_prompt(model, body)
+        fields = {**body, **rq.response_format(body)}
+        if generation_prompt and "generation_prompt" not in body:
+            fields["generation_prompt"] = generation_prompt
+        tokens = model.tokenize(text, add_special=not starts_with_bos(model.vocab, text))
+    else:
+        prompts = rq.prompts(model, body)
+        if len(prompts) != 1:
+            raise bad_request("a trace takes one prompt")
+        tokens, fields = prompts[0], body
+    if not tokens:
+        raise bad_request("the prompt is empty")
+    params = rq.parse_sampling(fields, state.config.defaults)
+    rq.check_constraint(params, model)
+    return tokens, params
+
+
+def _token_ids(value: Any, n_vocab: int) -> list[int]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise bad_request("Field 'generated': must be an array of token ids")
+    if any(not 0 <= t < n_vocab for t in value):
+        raise bad_request(f"Field 'generated': token ids must be in [0, {n_vocab})")
+    return value
