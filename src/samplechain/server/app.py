@@ -7,7 +7,6 @@ events through a thread-safe hand-off into the request's asyncio queue.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import threading
 import time
@@ -25,9 +24,8 @@ from samplechain.server import request as rq
 from samplechain.server import responses as rs
 from samplechain.server import visualizer
 from samplechain.server.engine import Engine, Task
-from samplechain.server.request import APIError, Defaults, Options, bad_request
+from samplechain.server.request import MAX_BODY, APIError, Defaults, Options, bad_request, error_event
 
-MAX_BODY = 100 * 1024 * 1024  # cpp-httplib's default request body limit
 # the visualizer's page and assets are public, as llama-server's UI is (its API calls need the key)
 PUBLIC_PATHS = ("/health", "/v1/health", *visualizer.PAGE_PATHS)
 
@@ -103,9 +101,6 @@ class ServerState:
 # --- middleware: CORS, readiness, API key, body limit, errors ---------------------------------------------------
 
 
-def _json_bytes(obj: Any) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-
 
 class Gate:
     """Pure ASGI middleware in llama-server's order (spec/server.md §2.2): CORS headers, OPTIONS answered at once,
@@ -175,7 +170,7 @@ async def _plain(send: Callable, status: int, body: bytes, ctype: bytes) -> None
 
 
 async def _error(send: Callable, e: APIError) -> None:
-    await _plain(send, e.code, _json_bytes(e.body()), b"application/json; charset=utf-8")
+    await _plain(send, e.code, rs.json_bytes(e.body()), b"application/json; charset=utf-8")
 
 
 # --- running tasks ----------------------------------------------------------------------------------------------
@@ -231,14 +226,14 @@ class Run:
                 break
             if ev["type"] == "error":
                 self.cancel()
-                raise APIError(ev["code"], ev["message"], ev["error_type"])
+                raise error_event(ev)
             if ev["type"] == "final":
                 finals[index] = ev
         return [finals[i] for i in sorted(finals)]
 
 
 def sse(obj: Any) -> bytes:
-    return b"data: " + _json_bytes(obj) + b"\n\n"
+    return b"data: " + rs.json_bytes(obj) + b"\n\n"
 
 
 # --- the application --------------------------------------------------------------------------------------------
@@ -249,8 +244,7 @@ def create_app(state: ServerState) -> Any:
     app = FastAPI(title="samplechain", docs_url=None, redoc_url=None, openapi_url=None)
     config = state.config
 
-    def reply(obj: Any, status: int = 200) -> Response:
-        return Response(_json_bytes(obj), status_code=status, media_type="application/json; charset=utf-8")
+    reply = rs.reply
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, e: APIError) -> Response:
@@ -269,16 +263,7 @@ def create_app(state: ServerState) -> Any:
         return reply(APIError(500, f"{type(e).__name__}: {e}", "server_error").body(), 500)
 
     async def body_of(req: Request) -> dict[str, Any]:
-        raw = await req.body()
-        if len(raw) > MAX_BODY:
-            raise APIError(413, "Payload Too Large")
-        try:
-            body = json.loads(raw or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:  # llama-server: a parse error is a 500
-            raise APIError(500, f"[json.exception.parse_error] {e}", "server_error") from None
-        if not isinstance(body, dict):
-            raise bad_request("the request body must be a JSON object")
-        return body
+        return rq.json_object(await req.body())
 
     def engine() -> Engine:
         assert state.engine is not None
@@ -318,7 +303,7 @@ def create_app(state: ServerState) -> Any:
                 continue
             if ev["type"] == "error":
                 run.cancel()
-                raise APIError(ev["code"], ev["message"], ev["error_type"])
+                raise error_event(ev)
             if ev["type"] == "begin":
                 begun.add(index)
             else:  # a token or final event came first (cannot happen before begin; keep it for the stream)
@@ -508,10 +493,8 @@ def create_app(state: ServerState) -> Any:
         opts = rq.parse_options(body, config.defaults, config.n_slots)
         return params, opts
 
-    @app.post("/completion")
-    @app.post("/completions")
-    async def completion(req: Request) -> Response:
-        body = await body_of(req)
+    def prepare_completion(body: dict[str, Any]) -> tuple[SamplingParams, Options, list[list[int]]]:
+        """A completion request's parameters and its prompts (each checked against a slot's context)."""
         try:
             params, opts = prepare(body)
             prompts = rq.prompts(state.model, body)
@@ -519,6 +502,12 @@ def create_app(state: ServerState) -> Any:
             raise bad_request(str(e)) from None
         for p in prompts:
             check_fits(p)
+        return params, opts, prompts
+
+    @app.post("/completion")
+    @app.post("/completions")
+    async def completion(req: Request) -> Response:
+        params, opts, prompts = prepare_completion(await body_of(req))
         run = Run(engine())
         jobs = [(p, i) for p in prompts for i in range(opts.n_cmpl)]
         for k, (p, i) in enumerate(jobs):
@@ -543,20 +532,14 @@ def create_app(state: ServerState) -> Any:
                     yield sse(rs.native_final(ev, model=model_id, prompt_text=texts[index], params=params,
                                               opts=opts, eog=eog, index=index, streamed=True))
                 elif ev["type"] == "error":
-                    yield sse(APIError(ev["code"], ev["message"], ev["error_type"]).body())
+                    yield sse(error_event(ev).body())
                     return
         return streaming(events(), run)
 
     @app.post("/v1/completions")
     async def oai_completions(req: Request) -> Response:
-        body = await body_of(req)
-        try:
-            params, opts = prepare(body)
-            prompts = rq.prompts(state.model, body)
-        except ValueError as e:
-            raise bad_request(str(e)) from None
+        params, opts, prompts = prepare_completion(await body_of(req))
         prompt = prompts[0]
-        check_fits(prompt)
         run = Run(engine())
         for i in range(opts.n_cmpl):
             run.submit(prompt, choice_params(params, i), opts, i)
@@ -580,7 +563,7 @@ def create_app(state: ServerState) -> Any:
                                             "finish_reason": rs.finish_reason(ev)}], **env,
                                "usage": rs.usage([ev]), "timings": ev["timings"]})
                 elif ev["type"] == "error":
-                    yield sse(APIError(ev["code"], ev["message"], ev["error_type"]).body())
+                    yield sse(error_event(ev).body())
                     return
             yield b"data: [DONE]\n\n"
         return streaming(events(), run)
@@ -630,7 +613,7 @@ def create_app(state: ServerState) -> Any:
             async for index, ev in run.events():
                 env = rs.oai_envelope("chat.completion.chunk", cid, model_id, created)
                 if ev["type"] == "error":
-                    yield sse(APIError(ev["code"], ev["message"], ev["error_type"]).body())
+                    yield sse(error_event(ev).body())
                     return
                 out = b""
                 if ev["type"] == "progress":  # rides on the role chunk, then on empty deltas

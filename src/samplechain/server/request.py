@@ -17,6 +17,7 @@ from samplechain.runtime.generation import Model
 from samplechain.server.sampling_fields import FieldError, parse_sampling_fields
 
 INT32_MAX = 2**31 - 1
+MAX_BODY = 100 * 1024 * 1024  # cpp-httplib's default request body limit
 
 
 class APIError(Exception):
@@ -32,6 +33,24 @@ class APIError(Exception):
 
 def bad_request(message: str) -> APIError:
     return APIError(400, message)
+
+
+def error_event(ev: Mapping[str, Any]) -> APIError:
+    """The engine's error event as the error it answers."""
+    return APIError(ev["code"], ev["message"], ev["error_type"])
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body: a JSON object. Malformed JSON is a 500, as in llama-server (it parses before its 400s)."""
+    if len(raw) > MAX_BODY:
+        raise APIError(413, "Payload Too Large")
+    try:
+        body = json.loads(raw or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(500, f"[json.exception.parse_error] {e}", "server_error") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    return body
 
 
 @dataclass

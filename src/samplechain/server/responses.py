@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import json
 import secrets
 import string
 import time
 from typing import Any
+
+from fastapi.responses import Response
 
 from samplechain.params import SamplingParams
 from samplechain.server.request import Options, finite
 
 BUILD_INFO = "b1-samplechain"
 _ALNUM = string.ascii_letters + string.digits
+
+
+def json_bytes(obj: Any) -> bytes:
+    """Compact JSON; non-finite floats are refused (the builders turn them into null first)."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def reply(obj: Any, status: int = 200) -> Response:
+    """A JSON response as llama-server sends it."""
+    return Response(json_bytes(obj), status_code=status, media_type="application/json; charset=utf-8")
 
 
 def completion_id() -> str:

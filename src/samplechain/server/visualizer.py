@@ -12,7 +12,6 @@ elsewhere) and public, as llama-server's UI is.
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from fastapi.responses import Response
 
 from samplechain.server import request as rq
 from samplechain.server.request import APIError, bad_request
+from samplechain.server.responses import reply as rs_reply
 
 STATIC_DIR = Path(__file__).parent / "static"
 # the page's files, served at /static/<name> (and index.html at /)
@@ -37,9 +37,7 @@ def add_routes(app: Any, state: Any) -> None:
     config = state.config
     holder: dict[str, Any] = {}  # the trace context, made on the engine thread at the first trace
 
-    def reply(obj: Any, status: int = 200) -> Response:
-        body = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-        return Response(body, status_code=status, media_type="application/json; charset=utf-8")
+    reply = rs_reply
 
     def static(name: str) -> Response:
         path = STATIC_DIR / name
@@ -98,19 +96,8 @@ def _assets() -> frozenset[str]:
 
 
 async def _body(req: Request) -> dict[str, Any]:
-    """The JSON body, read as the completion routes read theirs (a parse error is a 500, as llama-server)."""
-    from samplechain.server.app import MAX_BODY
-
-    raw = await req.body()
-    if len(raw) > MAX_BODY:
-        raise APIError(413, "Payload Too Large")
-    try:
-        body = json.loads(raw or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise APIError(500, f"[json.exception.parse_error] {e}", "server_error") from None
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    return body
+    """The JSON body, read as the completion routes read theirs."""
+    return rq.json_object(await req.body())
 
 
 def _prompt_and_params(state: Any, body: dict[str, Any]) -> tuple[list[int], Any]:
