@@ -139,6 +139,7 @@ class Engine:
         self.n_ctx_slot = n_ctx // n_slots
         self.n_batch, self.context_shift, self.special = n_batch, context_shift, special
         self.speculation = speculation
+        self._batch_samplers: dict[tuple[int, ...], Any] = {}
         self.ctx = model.new_context(self.n_ctx_slot * n_slots, n_seq_max=n_slots, n_batch=n_batch, kv_unified=False)
         self.slots = [Slot(i, self.n_ctx_slot) for i in range(n_slots)]
         self._inbox: queue.Queue[Task | Callable[[], None] | None] = queue.Queue()
@@ -324,15 +325,42 @@ class Engine:
             s.cache += chunk
             s.prompt_pos += len(chunk)
             self._progress(s)
+        starts = np.cumsum([0] + [1 + len(d) for _, d in rows])[:-1].tolist()
+        on_device = [(s, i) for (s, draft), i in zip(rows, starts, strict=True)
+                     if not draft and s.spec is None and s.task.params.backend_sampling]
+        device_tokens = self._sample_on_device(on_device, logits)
         logits_np = logits.float().cpu().numpy()
-        i = 0
-        for s, draft in rows:
-            block = logits_np[i:i + 1 + len(draft)]
-            i += 1 + len(draft)
-            if s.spec is not None and s in stepping:
-                self._verify(s, block, draft, elapsed)
+        for (s, draft), i in zip(rows, starts, strict=True):
+            if s in device_tokens:
+                self._first_token(s)
+                self._sampled(s, device_tokens[s], logits_np[i])
+            elif s.spec is not None and s in stepping:
+                self._verify(s, logits_np[i:i + 1 + len(draft)], draft, elapsed)
             else:
-                self._sample(s, block[0])
+                self._sample(s, logits_np[i])
+
+    def _sample_on_device(self, rows: list[tuple[Slot, int]], logits: Any) -> dict[Slot, int]:
+        """Backend sampling (``backend_sampling``): these rows' chains run their device prefixes together, batched on
+        the logits where the forward left them (``BatchSampler``); the same tokens as each chain on the CPU."""
+        if not rows:
+            return {}
+        from samplechain.device import BatchSampler
+
+        key = tuple(id(s.sampler) for s, _ in rows)
+        bs = self._batch_samplers.pop(key, None)
+        if bs is None:
+            bs = BatchSampler([s.sampler for s, _ in rows], logits.device,
+                              select_on_device=all(s.task.params.backend_dist for s, _ in rows))
+        self._batch_samplers[key] = bs  # most recent last; a composition lives as long as its tasks
+        while len(self._batch_samplers) > 8:
+            self._batch_samplers.pop(next(iter(self._batch_samplers)))
+        try:
+            tokens = bs.sample(logits[[i for _, i in rows]])
+        except ValueError as e:
+            for s, _ in rows:
+                self._fail(s, str(e))
+            return {}
+        return {s: t for (s, _), t in zip(rows, tokens, strict=True)}
 
     def _propose(self, s: Slot) -> list[int]:
         """The slot's draft for this step (none without speculation or room)."""
@@ -391,15 +419,17 @@ class Engine:
         return True
 
     def _sample(self, s: Slot, row: np.ndarray) -> None:
-        task = s.task
         try:
             token = s.sampler.sample(row)
         except ValueError as e:
             self._fail(s, str(e))
             return
-        if s.spec is not None and not s.generated:  # the prompt is in: index it for the drafters
-            s.spec.begin(task.tokens)
+        self._first_token(s)
         self._sampled(s, token, row)
+
+    def _first_token(self, s: Slot) -> None:
+        if s.spec is not None and not s.generated:  # the prompt is in: index it for the drafters
+            s.spec.begin(s.task.tokens)
 
     def _sampled(self, s: Slot, token: int, row: np.ndarray | None) -> None:
         """A token the slot's sampler chose (and accepted): timings, probabilities, text and limits."""
