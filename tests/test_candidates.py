@@ -56,3 +56,16 @@ def test_from_arrays_validates():
         Candidates.from_arrays([1], [1.0, 2.0])
     with pytest.raises(ValueError, match="NaN"):
         Candidates.from_arrays([1], [np.nan])
+
+
+def test_float32_of_another_byte_order_is_converted():
+    x = np.array([1.0, 3.0, 2.0], dtype=">f4")
+    c = Candidates.from_logits(x)
+    assert c.logits.dtype == np.float32 and c.logits.dtype.isnative and c.logits.tolist() == [1.0, 3.0, 2.0]
+    assert not np.shares_memory(c.logits, x)
+
+
+def test_logits_are_read_only_to_samplers_but_the_callers_array_stays_writable():
+    x = np.zeros(5000, dtype=np.float32)
+    c = Candidates.from_logits(x)
+    assert np.shares_memory(c.logits, x) and not c.logits.flags.writeable and x.flags.writeable

@@ -16,11 +16,22 @@ from samplechain._numeric import F32
 
 _IDS_CACHE = np.arange(0, dtype=np.int32)
 _max_reduce = np.maximum.reduce
+_new = object.__new__
+_INF = np.inf
+_F32_DTYPE = np.dtype(F32)  # native binary32 (another byte order is converted)
 
-# Full-vocabulary logits of at least this size are also viewed as BLOCK_ROWS rows; the column maxima (one
+# Full-vocabulary logits of at least this size are also viewed as (rows, cols) blocks; the column maxima (one
 # pass, computed with the NaN check) let top-k and min-p find their survivors without scanning all logits.
-BLOCK_ROWS = 64
-_BLOCK_MIN_SIZE = BLOCK_ROWS * 64
+_BLOCK_MIN_SIZE = 4096
+
+
+def block_rows(n: int) -> int:
+    """Rows of the (rows, n // rows) block view of ``n`` logits whose column maxima ``from_logits`` keeps.
+
+    Chosen by timing (2-core AVX-512 EPYC, top-40 from the column maxima): 32 rows below 2**17 logits (49,152:
+    8.9 µs against 10.5 µs with 64 rows), 64 rows above (262,144: 27 µs against 30 µs with 32 or 128 rows).
+    """
+    return 32 if n < 131072 else 64
 
 
 def _arange(n: int) -> np.ndarray:
@@ -54,7 +65,7 @@ class Candidates:
 
         Raises ``ValueError`` for empty input, a non-1-D shape, NaN or +inf.
         """
-        x = logits if type(logits) is np.ndarray and logits.dtype == F32 else np.asarray(logits, dtype=F32)
+        x = logits if type(logits) is np.ndarray and logits.dtype is _F32_DTYPE else np.asarray(logits, dtype=F32)
         if x.ndim != 1:
             raise ValueError(f"logits must be a 1-D array, got shape {x.shape}")
         n = x.size
@@ -62,22 +73,28 @@ class Candidates:
             raise ValueError("logits must not be empty")
         col_max = None
         if n >= _BLOCK_MIN_SIZE:
-            cols = n // BLOCK_ROWS
-            col_max = _max_reduce(x[: BLOCK_ROWS * cols].reshape(BLOCK_ROWS, cols), axis=0)
+            rows = block_rows(n)
+            cols = n // rows
+            grid = rows * cols
+            col_max = _max_reduce((x if grid == n else x[:grid]).reshape(rows, cols), axis=0)
             m = _max_reduce(col_max)
-            if cols * BLOCK_ROWS < n:
-                m = np.maximum(m, _max_reduce(x[BLOCK_ROWS * cols :]))
+            if grid < n:
+                m = np.maximum(m, _max_reduce(x[grid:]))  # propagates NaN, unlike max()
         else:
             m = _max_reduce(x)
-        if not m < np.inf:  # NaN or +inf (NaN propagates through max)
+        if not m < _INF:  # NaN or +inf (NaN propagates through max)
             bad = "NaN" if np.isnan(x).any() else "+inf"
             raise ValueError(f"logits must not contain {bad}")
-        if x.flags.writeable:
-            x = x.view()
-            x.flags.writeable = False
-        c = cls(None, x)
+        x = x.view()  # read-only: samplers install new arrays instead of writing
+        x.setflags(write=False)
+        c = _new(cls)
+        c._ids = None
+        c._logits = x
+        c._probs = None
         c._max = m
         c._col_max = col_max
+        c.sorted = False
+        c.selected = -1
         return c
 
     @classmethod
@@ -129,7 +146,8 @@ class Candidates:
 
     @property
     def column_max(self) -> np.ndarray | None:
-        """For large untouched logits: the maxima of the columns of ``logits[:64*cols].reshape(64, cols)``."""
+        """For large untouched logits: the maxima of the columns of ``logits[:rows*cols].reshape(rows, cols)``,
+        ``rows = block_rows(len(logits))``."""
         return self._col_max
 
     @property
@@ -170,10 +188,25 @@ class Candidates:
         if sorted is not None:
             self.sorted = sorted
 
+    def take_gathered(self, index: np.ndarray, logits: np.ndarray, *, sorted: bool) -> None:
+        """:meth:`take` for a caller that already gathered ``logits[index]`` (passed as ``logits``)."""
+        self._ids = index.astype(np.int32, copy=False) if self._ids is None else self._ids[index]
+        self._logits = logits
+        if self._probs is not None:
+            self._probs = self.probs[index]
+        self._max = None
+        self._col_max = None
+        self.sorted = sorted
+
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` candidates (order and sort flag unchanged)."""
         if n < len(self._logits):
-            self.take(slice(0, n))
+            self._ids = _arange(n) if self._ids is None else self._ids[:n]
+            self._logits = self._logits[:n]
+            if self._probs is not None:
+                self._probs = self.probs[:n]
+            self._max = None
+            self._col_max = None
 
     def replace(
         self, ids: np.ndarray, logits: np.ndarray, probs: np.ndarray | None = None, *, sorted: bool

@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from operator import is_
 
 import numpy as np
 
 from samplechain.candidates import Candidates
+from samplechain.samplers._ops import softmax_values, top_k_order
 from samplechain.samplers.base import Sampler
+from samplechain.samplers.selectors import Dist
+from samplechain.samplers.temperature import DynamicTemperature, Temperature, divides
+from samplechain.samplers.truncation import (
+    MinP,
+    TopK,
+    TopP,
+    min_p_descending_size,
+    min_p_sorted_size,
+    nucleus_size,
+    nucleus_size_from_sums,
+)
 
 
 @dataclass
@@ -32,6 +45,9 @@ class Chain(Sampler):
         self.perf_enabled = perf
         self._t_us = 0.0
         self._n_sample = 0
+        self._plan_for: list[Sampler] = []  # the members the plan below was made for
+        self._steps: list[Callable[[Candidates], None]] = []
+        self._acceptors: list[Sampler] = []
 
     def add(self, sampler: Sampler) -> None:
         if not isinstance(sampler, Sampler):
@@ -50,16 +66,28 @@ class Chain(Sampler):
     def __iter__(self) -> Iterator[Sampler]:
         return iter(self.samplers)
 
+    def _plan(self) -> list[Callable[[Candidates], None]]:
+        """The apply steps, (re)made when the members changed (``samplers`` is a public list): a fusable run
+        of members becomes one step (see below), and only members with an ``accept`` are told of tokens."""
+        samplers = self.samplers
+        plan_for = self._plan_for
+        if len(plan_for) != len(samplers) or not all(map(is_, plan_for, samplers)):
+            self._plan_for = list(samplers)
+            self._steps = _steps(self._plan_for)
+            self._acceptors = [s for s in samplers if type(s).accept is not Sampler.accept or "accept" in vars(s)]
+        return self._steps
+
     def apply(self, c: Candidates) -> None:
         t0 = time.perf_counter() if self.perf_enabled else 0.0
-        for s in self.samplers:
-            s.apply(c)
+        for step in self._plan():
+            step(c)
         if self.perf_enabled:
             self._t_us += (time.perf_counter() - t0) * 1e6
 
     def accept(self, token: int) -> None:
         t0 = time.perf_counter() if self.perf_enabled else 0.0
-        for s in self.samplers:
+        self._plan()
+        for s in self._acceptors:
             s.accept(token)
         if self.perf_enabled:
             self._t_us += (time.perf_counter() - t0) * 1e6
@@ -69,17 +97,29 @@ class Chain(Sampler):
         for s in self.samplers:
             s.reset()
 
+    def __getstate__(self) -> dict:
+        # the plan holds functions bound to these members: a copy makes its own from its own members
+        return {**self.__dict__, "_plan_for": [], "_steps": [], "_acceptors": []}
+
     def clone(self) -> Chain:
         return Chain((s.clone() for s in self.samplers), perf=self.perf_enabled)
 
     def sample(self, logits: np.ndarray | Iterable[float]) -> int:
         """Build candidates from ``logits``, apply the chain, accept the selected token and return it."""
         c = Candidates.from_logits(logits)
-        self.apply(c)
-        if not 0 <= c.selected < len(c):
+        perf = self.perf_enabled
+        t0 = time.perf_counter() if perf else 0.0
+        for step in self._plan():  # apply() and accept() in one, as this is the per-token path
+            step(c)
+        selected = c.selected
+        if not 0 <= selected < len(c._logits):
             raise ValueError(f"no sampler selected a token ({self.describe()}); end the chain with a selector")
-        token = int(c.ids[c.selected])
-        self.accept(token)
+        token = int(c.ids[selected])
+        for s in self._acceptors:
+            s.accept(token)
+        if perf:
+            self._t_us += (time.perf_counter() - t0) * 1e6
+        self._n_sample += 1
         return token
 
     @property
@@ -103,3 +143,184 @@ class Chain(Sampler):
 
     def __repr__(self) -> str:
         return f"Chain([{', '.join(map(repr, self.samplers))}])"
+
+
+# --- fused runs ----------------------------------------------------------------------------------------------
+#
+# A run of  [top-k] [top-p] [min-p] [temp | temp-ext without dynamic range] dist  (each but dist optional, at
+# least two members) is applied as one step over plain arrays: after top-k sorts, the tail works on a few dozen
+# candidates, where the per-call costs of NumPy and of updating Candidates after every sampler dominate. The
+# step uses the samplers' own arithmetic (top_k_order, softmax_values, nucleus_size, min_p_sorted_size,
+# divides, Dist.draw) or equivalents proven equal on the inputs they get (nucleus_size_from_sums,
+# min_p_descending_size, Dist.draw_from, a shared exponential call), so candidates, probabilities, selection
+# and random draws are bitwise those of applying the members one by one (tests/test_fused_chain.py). What it
+# does not cover (unsorted input without top-k, a dynamic temperature, greedy masking, empty candidates) is
+# left to the members themselves.
+
+_STAGES = ((TopK,), (TopP,), (MinP,), (Temperature, DynamicTemperature), (Dist,))
+# Up to this many candidates after top-k, top-p and dist share one exponential call (Dist.draw's expf_rel is
+# the exact expf up to this size).
+_SHARED_EXP_MAX = 2048
+_F32 = np.float32
+_F64 = np.float64
+_NEG_INF = float("-inf")
+_accumulate = np.add.accumulate
+_FLT_MAX = float(np.finfo(_F32).max)
+
+
+def _steps(samplers: list[Sampler]) -> list[Callable[[Candidates], None]]:
+    steps = []
+    i = 0
+    while i < len(samplers):
+        run: list[Sampler | None] = []
+        j = i
+        for kinds in _STAGES:
+            if j < len(samplers) and type(samplers[j]) in kinds:
+                run.append(samplers[j])
+                j += 1
+            else:
+                run.append(None)
+        if run[-1] is not None and j - i >= 2:
+            steps.append(_FusedTail(*run))
+            i = j
+        else:
+            steps.append(samplers[i].apply)
+            i += 1
+    return steps
+
+
+class _FusedTail:
+    """One step for  [top-k] [top-p] [min-p] [temperature] dist  (see above); members are read on every call,
+    so changed parameters take effect as they would in the members' own ``apply``."""
+
+    __slots__ = ("_divisors", "dist", "min_p", "temp", "top_k", "top_p")
+
+    def __init__(self, top_k: TopK | None, top_p: TopP | None, min_p: MinP | None,
+                 temp: Temperature | DynamicTemperature | None, dist: Dist) -> None:
+        self.top_k, self.top_p, self.min_p, self.temp, self.dist = top_k, top_p, min_p, temp, dist
+        self._divisors = (None, None)  # (t, [[1], [t]] in binary32)
+
+    def __call__(self, c: Candidates) -> None:
+        n = len(c._logits)
+        top_k = self.top_k
+        if top_k is not None and not top_k.disabled and n:
+            k = top_k.k if top_k.k < n else n
+            if not c.sorted:
+                positions, x = top_k_order(c, k)
+                ids = c._ids[positions] if c._ids is not None else (
+                    positions if positions.dtype == np.int32 else positions.astype(np.int32))
+                if k <= _SHARED_EXP_MAX:
+                    self._descending(c, ids, x)
+                    return
+            else:
+                ids, x = c.ids[:k], c.logits[:k]
+        elif c.sorted and n:
+            ids, x = c.ids, c.logits
+        else:
+            for s in (top_k, self.top_p, self.min_p, self.temp, self.dist):
+                if s is not None:
+                    s.apply(c)
+            return
+        self._sorted(c, ids, x)
+
+    def _sorted(self, c: Candidates, ids: np.ndarray, x: np.ndarray) -> None:
+        """The members after top-k, one after the other, on candidates flagged sorted."""
+        top_p, min_p = self.top_p, self.min_p
+        k = len(x)
+        if top_p is not None and not top_p.disabled:
+            k = nucleus_size(softmax_values(x, x[0]), top_p.p, top_p.min_keep) or k
+        if min_p is not None and not min_p.disabled:
+            k = min_p_sorted_size(x[:k], min_p._log_p, min_p.min_keep)
+        if k < len(x):
+            ids, x = ids[:k], x[:k]
+        temp = self.temp
+        if temp is not None and not temp.disabled:
+            if (type(temp) is DynamicTemperature and temp.delta > 0.0) or not divides(x, temp.t, True):
+                c.replace(ids, x, sorted=True)  # dynamic temperature or greedy masking: the members finish
+                temp.apply(c)
+                self.dist.apply(c)
+                return
+            x = np.true_divide(x, temp.t)
+        self._select(c, ids, x, None, None)
+
+    def _descending(self, c: Candidates, ids: np.ndarray, x: np.ndarray) -> None:
+        """The members after top-k on the at most _SHARED_EXP_MAX candidates it sorted (so in descending order),
+        in few NumPy calls:
+
+        - min-p first: over descending logits, min-p after top-p keeps min(what min-p keeps of all, top-p's
+          cut), so when min-p alone keeps one candidate, top-p needs no exponentials at all;
+        - top-p's exponentials ``expf(x - x[0])`` and dist's ``expf(x/t - x[0]/t)`` come from one call over
+          the rows ``x / 1`` (exact) and ``x / t``, their binary64 running sums from another; dist draws from a
+          prefix of its row's sums (a running sum's prefix is the running sum of the prefix), top-p's cut is
+          decided from its row's (nucleus_size_from_sums), its binary32 sums computed only when too close to
+          call.
+
+        Elementwise operations throughout, so every value is the one the members compute one by one."""
+        xl = x.tolist()  # scalars for the decisions; Python floats hold binary32 values exactly
+        if xl[0] == _NEG_INF:  # all masked: dist raises (the members say so)
+            self._sorted(c, ids, x)
+            return
+        top_p, min_p, temp = self.top_p, self.min_p, self.temp
+        if top_p is not None and top_p.disabled:
+            top_p = None
+        t = None
+        if temp is not None and not temp.disabled:
+            t = temp.t
+            tf = float(t)
+            # Over all candidates, divides() implies it over any prefix (the largest magnitude cannot grow);
+            # finite logits within FLT_MAX * t of 0 are its common case.
+            limit = _FLT_MAX * tf
+            if (type(temp) is DynamicTemperature and float(temp.delta) > 0.0) or not (
+                    (1.0 > tf > 0.0 and -limit <= xl[-1] and -limit <= xl[0] <= limit) or divides(xl, t, True)):
+                self._sorted(c, ids, x)
+                return
+        n = k = len(xl)
+        if min_p is not None and not min_p.disabled:
+            k = min_p_descending_size(xl, min_p._log_p, min_p.min_keep)
+        rows = x
+        if k > 1:
+            two = t is not None and top_p is not None
+            if two:
+                cached_t, divisors = self._divisors
+                if cached_t is not t:
+                    divisors = np.array([[1.0], [t]], dtype=_F32)  # x / 1 is x, exactly
+                    self._divisors = (t, divisors)
+                rows = np.true_divide(x, divisors)
+            elif t is not None:
+                rows = np.true_divide(x, t)
+            # else top-p and dist share the exponentials
+            # expf and running_sum_f64, spelled out on this per-token path
+            e = np.exp(np.subtract(rows, rows[:, :1] if two else rows[:1]), dtype=_F64).astype(_F32)
+            q = _accumulate(e.astype(_F64), axis=-1).tolist()
+            if top_p is not None:
+                keep = nucleus_size_from_sums(q[0] if two else q, top_p.p, top_p.min_keep)
+                if keep is None:
+                    keep = nucleus_size(softmax_values(x, x[0]), top_p.p, top_p.min_keep)
+                if 0 < keep < k:
+                    k = keep
+            if two:
+                rows, e, q = rows[1], e[1], q[1]
+        if k == 1:  # when min-p alone keeps one candidate, nothing was computed
+            if rows is x and t is not None:
+                rows = np.true_divide(x[:1], t)
+            self._select(c, ids[:1], rows[:1], None, None)
+            return
+        c.selected, probs = self.dist.draw_from(e, q, k)
+        c.replace(ids[:k] if k < n else ids, rows[:k] if k < n else rows, sorted=True)
+        c.set_probs(probs)
+
+    def _select(self, c: Candidates, ids: np.ndarray, x: np.ndarray, e: np.ndarray | None,
+                q: list[float] | None) -> None:
+        """Dist over sorted candidates ``x`` (with their ``e = expf(x - x[0])`` and its running sums ``q``, or
+        longer ones starting with them, if known), and the result into ``c``."""
+        dist = self.dist
+        k = len(x)
+        if k == 1:
+            dist.rng.uniform_double()  # as Dist.apply: a singleton still consumes a draw
+            c.replace(ids, x, np.ones(1, dtype=_F32), sorted=True)
+            c.selected = 0
+            return
+        selected, probs = dist.draw(x, x[0]) if e is None else dist.draw_from(e, q, k)
+        c.replace(ids, x, sorted=True)
+        c.set_probs(probs)
+        c.selected = selected

@@ -872,20 +872,41 @@ class CommonSampler:
         other._budget_prefill = self._budget_prefill
         other.chain = self.chain.clone()
         other.prev = deque(self.prev, maxlen=self.prev.maxlen)
-        other._cur = None if self._cur is None else self._cur.copy()
+        c = self.candidates
+        other._cur = None if c is None else c.copy()
         other._t_total_us = 0.0
         return other
+
+    # --- the device path's view (samplechain.device.protocol.RowSampler) ---------------------------------
+
+    @property
+    def samplers(self) -> list[Sampler]:
+        """The chain's samplers, in order (a device prefix is planned from them)."""
+        return self.chain.samplers
+
+    @property
+    def cpu_only(self) -> bool:
+        """A grammar or a reasoning budget: every step runs through :meth:`sample` on the CPU (llama.cpp turns
+        backend sampling off for them)."""
+        return self.grammar is not None or self.reasoning_budget is not None
+
+    def record(self, candidates: Any) -> None:
+        """The final candidates of a step sampled elsewhere (on the device), or a function building them on
+        first read: what :attr:`candidates` and :meth:`top_probs` report until the next step."""
+        self._cur = candidates
 
     @property
     def candidates(self) -> Candidates | None:
         """The candidates of the last sampling step, after the chain."""
+        if callable(self._cur):
+            self._cur = self._cur()
         return self._cur
 
     def top_probs(self, n: int) -> list[tuple[int, float]]:
         """Post-sampling probabilities of the last step: up to ``n`` (token, p) by descending p, stopping at
         the first zero probability (llama-server's ``post_sampling_probs``)."""
         n = check_int("n", n, minimum=0)
-        c = self._cur
+        c = self.candidates
         if c is None or n == 0:
             return []
         probs = c.probs

@@ -94,8 +94,14 @@ class LlamaRng:
 
     def uniform_double(self) -> float:
         """``uniform_real_distribution<double>(0, 1)``: two words, the first least significant, one rounding."""
-        lo = self.next_u32()
-        u = float(lo | (self.next_u32() << 32)) / _TWO_POW_64
+        pos = self._pos
+        buf = self._buf
+        if pos + 2 <= len(buf):  # both words in the buffer (all but one draw in 312)
+            self._pos = pos + 2
+            u = float(buf[pos] | (buf[pos + 1] << 32)) / _TWO_POW_64
+        else:
+            lo = self.next_u32()
+            u = float(lo | (self.next_u32() << 32)) / _TWO_POW_64
         return _ONE_BELOW_1_F64 if u >= 1.0 else u
 
     def uniform_float(self) -> np.float32:

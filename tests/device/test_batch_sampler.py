@@ -42,7 +42,12 @@ CHAINS = {
     "dynamic temperature": lambda s: Chain([TopK(40), DynamicTemperature(0.8, 0.5, 1.0 + s), Dist(s)]),
     "min-p min_keep sorted": lambda s: Chain([TopK(30), MinP(0.3, min_keep=5), Dist(s)]),
     "cpu suffix (mirostat)": lambda s: Chain([TopK(30), Temperature(0.8), MirostatV2(s, 5.0, 0.1)]),
-    "cpu suffix (typical, xtc)": lambda s: Chain([TopK(50), Typical(0.9), XTC(0.5, 0.1, 1, s), Dist(s)]),
+    "typical, xtc after top-k": lambda s: Chain([TopK(50), Typical(0.9), XTC(0.5, 0.1, 1, s), Dist(s)]),
+    "xtc always firing": lambda s: Chain([TopK(40), TopP(0.95), XTC(1.0, 0.05, 2, s), Temperature(0.8), Dist(s)]),
+    "xtc on one candidate": lambda s: Chain([TopK(1), XTC(0.9, 0.1, 1, s), Dist(s)]),
+    "top-n-sigma after top-k": lambda s: Chain([TopK(64), TopNSigma(1.0 + 0.2 * s), Temperature(0.7), Dist(s)]),
+    "every narrow device form": lambda s: Chain([TopK(60), TopNSigma(2.0), Typical(0.95, 3), TopP(0.9),
+                                                 XTC(0.7, 0.08, 2, s), MinP(0.02), Temperature(0.9), Dist(s)]),
     "cpu prefix break (top-n-sigma)": lambda s: Chain([TopNSigma(1.5), TopK(40), Dist(s)]),
     "temperature 0": lambda s: Chain([Temperature(0.0), Dist(s)]),
     "greedy": lambda s: Chain([Greedy()]),
@@ -78,6 +83,17 @@ def test_hybrid_mode_draws_on_the_cpu_with_the_same_tokens(name, batches):
     assert all(" -> dist" in bs.describe(i) for i in range(len(bs)))
 
 
+def test_typical_xtc_top_n_sigma_run_on_the_device_after_top_k():
+    bs = BatchSampler([CHAINS["every narrow device form"](0), CHAINS["typical, xtc after top-k"](1),
+                       CHAINS["cpu prefix break (top-n-sigma)"](2), Chain([XTC(0.5, 0.1, 1, 3), TopK(5), Dist(3)]),
+                       Chain([TopK(5), XTC(0.5, 0.0, 1, 4), Dist(4)])])
+    assert bs.describe(0) == ("logits -> +top-k -> +top-n-sigma -> +typical -> +top-p -> +xtc -> +min-p -> +temp "
+                              "-> +dist")
+    # xtc needs sorted rows (typical leaves them in score order); wide top-n-sigma, xtc with t = 0: the CPU
+    assert bs.describe(1) == "logits -> +top-k -> +typical -> xtc -> dist"
+    assert bs.prefix_lengths == [8, 2, 0, 0, 1]
+
+
 def test_prefixes_and_groups():
     chains = [CHAINS["default"](0), CHAINS["per-row k/p/t"](1), CHAINS["per-row k/p/t"](2),
               CHAINS["cpu suffix (mirostat)"](3), CHAINS["cpu prefix break (top-n-sigma)"](4),
@@ -100,6 +116,65 @@ def test_a_row_does_not_depend_on_its_batch_mates(batches):
     # the same seed in another row position, other mates: the same tokens again
     again = BatchSampler([CHAINS["default"](42), CHAINS["dynamic temperature"](3)])
     assert [again.sample(torch.stack([x[2], x[0]]))[0] for x in xs] == solo
+
+
+PARAMS = {
+    "default": {},
+    "top-p on the vocabulary": dict(top_k=0, top_p=0.9),
+    "min-p on the vocabulary": dict(top_k=0, top_p=1.0, min_p=0.05),
+    "greedy": dict(temperature=0.0),
+    "dynamic temperature": dict(dynatemp_range=0.5, top_k=30),
+    "logit bias": dict(logit_bias=((13, 2.0), (198, -math.inf))),
+    "typical": dict(typical_p=0.9, samplers="top_k;typ_p;top_p;min_p;temperature"),
+    "mirostat (cpu suffix)": dict(mirostat=2, top_k=20),
+}
+
+
+@pytest.mark.parametrize("select_on_device", [True, False])
+@pytest.mark.parametrize("name", list(PARAMS))
+def test_candidates_and_top_probs_equal_the_cpu_step(name, select_on_device, batches):
+    """After a device step, CommonSampler reports the candidates and probabilities a CPU step reports, bitwise."""
+    cpu = [CommonSampler(SamplingParams(seed=s, **PARAMS[name])) for s in range(4)]
+    dev = [CommonSampler(SamplingParams(seed=s, **PARAMS[name])) for s in range(4)]
+    bs = BatchSampler(dev, select_on_device=select_on_device)
+    for x in batches(4, 5):
+        assert bs.sample(x) == [c.sample(x[i].numpy()) for i, c in enumerate(cpu)]
+        for c, d in zip(cpu, dev, strict=True):
+            want, got = c.candidates, d.candidates
+            np.testing.assert_array_equal(got.ids, want.ids)
+            np.testing.assert_array_equal(got.logits, want.logits)
+            np.testing.assert_array_equal(got.probs, want.probs)
+            assert (got.selected, got.sorted) == (want.selected, want.sorted)
+            assert d.top_probs(8) == c.top_probs(8)
+            assert len(d.top_probs(8)) >= 1
+
+
+def test_a_row_sampler_other_than_common_sampler():
+    """BatchSampler drives anything with the RowSampler protocol: samplers, cpu_only, sample, accept, record."""
+    class Row:
+        cpu_only = False
+
+        def __init__(self, seed):
+            self.chain = Chain([TopK(20), Temperature(0.7), Dist(seed)])
+            self.samplers = self.chain.samplers
+            self.accepted, self.recorded = [], []
+
+        def sample(self, logits):
+            return self.chain.sample(logits)
+
+        def accept(self, token, is_generated=False):
+            self.accepted.append((token, is_generated))
+            self.chain.accept(token)
+
+        def record(self, candidates):
+            self.recorded.append(candidates)
+
+    rows = [Row(s) for s in range(3)]
+    x = torch.from_numpy(np.random.default_rng(0).normal(0, 3, (3, 500)).astype(np.float32))
+    tokens = BatchSampler(rows).sample(x)
+    assert tokens == [Chain([TopK(20), Temperature(0.7), Dist(s)]).sample(x[s].numpy()) for s in range(3)]
+    assert [r.accepted for r in rows] == [[(t, True)] for t in tokens]
+    assert [len(r.recorded[0]().ids) for r in rows] == [20, 20, 20]  # narrow rows: built on first read
 
 
 def test_rows_too_close_to_call_are_redone_on_the_cpu(batches, monkeypatch):

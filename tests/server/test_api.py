@@ -472,3 +472,22 @@ def test_503_while_the_model_loads():
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def test_backend_sampling_gives_the_same_text(server):
+    bodies = [{"prompt": f"Tell me about {w}.", "n_predict": 16, "seed": i, "n_probs": 2, "post_sampling_probs": True}
+              for i, w in enumerate(["rivers", "stars", "bread"])]
+    plain = [call(server, "POST", "/completion", b).json() for b in bodies]
+    results: dict[int, dict] = {}
+
+    def run(i: int) -> None:
+        results[i] = call(server, "POST", "/completion", {**bodies[i], "backend_sampling": True}).json()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]  # batched together on the device path
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for i, p in enumerate(plain):
+        assert results[i]["content"] == p["content"]
+        assert results[i]["completion_probabilities"] == p["completion_probabilities"]

@@ -2,14 +2,19 @@
 
 A row's *device prefix* is the longest leading run of its chain's samplers whose device form handles the row's
 shape at that point (:meth:`Sampler.device_plan`). Rows whose prefixes have the same key (sampler types and
-static choices) form one group and run together, each sampler once for the whole group with per-row parameter
-tensors. Each step then makes one transfer to the host: the selected token ids of groups whose prefix selects,
-or the reduced candidates (ids, logits) of the others, which the CPU rest of their chains finishes.
+static choices) form one group and run one *program*: each sampler once for the whole group, with per-row
+parameter tensors built on the first step and kept while the batch composition lasts.
 
-Random numbers come from each row's own llama.cpp-exact generators, drawn on the host before the step, so a
-row's token never depends on its batch-mates. A row whose device decision lies within floating-point reach of
-a different outcome (see :mod:`samplechain.device.rows`) is redone on the CPU from its logits with its
-generators rewound: the token is always the one the row's CPU chain selects.
+A step is a fixed sequence of tensor operations: the host draws each row's random numbers from the row's own
+llama.cpp-exact generators and writes them into one static buffer; the device makes every decision, including
+"redo this row on the CPU"; then ONE transfer brings back, per row, the token id (or the redo mark), and only what
+the CPU needs besides: the reduced candidates of rows whose chain continues on the CPU, the final candidates of
+narrow rows (so ``top_probs`` reports what a CPU step reports), the full logits of rows sampled on the CPU. On
+CUDA the step is captured as a CUDA graph after its first run and replayed.
+
+A row whose device decision lies within floating-point reach of a different outcome (see :mod:`samplechain.rows`)
+is redone on the CPU from its logits with its generators rewound (this needs a second transfer, of those rows'
+logits only): the token is always the one the row's CPU chain selects, whatever else shares the batch.
 """
 
 from __future__ import annotations
@@ -22,36 +27,125 @@ import torch
 
 from samplechain.candidates import Candidates
 from samplechain.chain import Chain
-from samplechain.device.rows import Rows, column_max
-from samplechain.params import CommonSampler
-from samplechain.samplers.base import SELECTOR, DeviceShape, Sampler
+from samplechain.device.protocol import ChainRow, RowSampler
+from samplechain.rows import Rows, block_max
+from samplechain.samplers.base import DEVICE_SMALL_WIDTH, SELECTOR, DeviceShape, Sampler
+
+F64 = torch.float64
 
 
 def _has_input(s: Sampler) -> bool:
     return type(s).device_input is not Sampler.device_input
 
 
+def _numbers(value: object) -> bool:
+    """A ``device_input`` that goes into the step's static buffer: a tuple of floats."""
+    return isinstance(value, tuple) and all(isinstance(v, float) for v in value)
+
+
 @dataclass
 class _Row:
-    owner: Chain | CommonSampler
+    owner: RowSampler
     samplers: list[Sampler]
     prefix: int  # samplers[:prefix] run on the device (disabled ones are skipped)
     key: tuple
+    cpu_only: bool
     seeded: list[Sampler] = field(default_factory=list)  # samplers with their own generator
-
-    @property
-    def cpu_only(self) -> bool:
-        """A grammar or a reasoning budget: the row's whole step runs through ``CommonSampler.sample``."""
-        return isinstance(self.owner, CommonSampler) and (self.owner.grammar is not None
-                                                          or self.owner.reasoning_budget is not None)
 
 
 @dataclass
+class _Layout:
+    """Where a group's results sit in its ``[Bg, C]`` block of the step's transfer (fixed per composition)."""
+
+    selecting: bool
+    draws: list[int]  # slots whose draw a row may not have used (one column each)
+    form: str | None  # candidates sent back: None, "all", "n" (prefix count) or "live" (mask)
+    identity: bool
+    width: int
+    sorted: bool
+
+
 class _Group:
-    rows: list[int]
-    members: list[list[Sampler]]  # per device slot: that slot's sampler of every row
-    index: torch.Tensor | None  # rows of the batch, None when the group is the whole batch in order
-    params: dict = field(default_factory=dict)
+    """Rows whose device prefixes have the same shape: one program, per-row parameters, a static input buffer."""
+
+    def __init__(self, rows: list[int], members: list[list[Sampler]], index: torch.Tensor | None,
+                 records: bool) -> None:
+        self.rows = rows
+        self.members = members  # per device slot: that slot's sampler of every row
+        self.index = index  # rows of the batch, None when the group is the whole batch in order
+        self.records = records  # some row keeps the step's candidates (CommonSampler)
+        self.cache: dict = {}  # per-row parameter tensors and constants (Rows.constant)
+        self.input_slots = [slot for slot, m in enumerate(members) if _has_input(m[0])]
+        self.widths: dict[int, int] = {}  # slots whose inputs are numbers: how many per row
+        self.host: dict[int, np.ndarray] | None = None  # per slot [Bg, width] float64 views, written each step
+        self.dev: torch.Tensor | None = None  # the same numbers on the device (the same memory on the CPU)
+        self.views: dict[int, torch.Tensor] = {}
+        self.layout: _Layout | None = None
+        self.last: Rows | None = None  # this step's rows (eager steps), for candidates read lazily
+
+    def stage(self, device: torch.device, n_slots: int | None = None) -> dict:
+        """Draw this step's host inputs (of the first ``n_slots`` slots); numbers go into the static buffer (one
+        upload), anything else (history tables) is handed over as a list."""
+        drawn = {slot: [s.device_input() for s in self.members[slot]] for slot in self.input_slots
+                 if n_slots is None or slot < n_slots}
+        new = {slot: len(v[0]) for slot, v in drawn.items() if slot not in self.widths and _numbers(v[0])}
+        if new or self.host is None:
+            self.widths.update(new)
+            self._allocate(device)
+        inputs: dict = {}
+        for slot, vals in drawn.items():
+            if slot in self.widths:
+                self.host[slot][:] = vals
+                inputs[slot] = self.views[slot]
+            else:
+                inputs[slot] = vals
+        if self.widths and self.dev.device.type != "cpu":
+            self.dev.copy_(self._pinned, non_blocking=True)
+        return inputs
+
+    def _allocate(self, device: torch.device) -> None:
+        """One float64 buffer for every numeric input of the group: a contiguous ``[Bg, width]`` block per slot."""
+        b = len(self.rows)
+        size = b * sum(self.widths.values())
+        if device.type == "cpu":
+            self.dev = self._pinned = torch.zeros(max(size, 1), dtype=F64)
+        else:
+            self._pinned = torch.zeros(max(size, 1), dtype=F64, pin_memory=True)
+            self.dev = torch.zeros(max(size, 1), dtype=F64, device=device)
+        flat = self._pinned.numpy()
+        self.host, self.views, start = {}, {}, 0
+        for slot, w in sorted(self.widths.items()):
+            self.host[slot] = flat[start : start + b * w].reshape(b, w)
+            self.views[slot] = self.dev[start : start + b * w].view(b, w)
+            start += b * w
+
+    def run(self, x: torch.Tensor, bm: torch.Tensor | None, inputs: dict, n_slots: int | None = None) -> Rows:
+        """The device prefix (its first ``n_slots`` samplers) of the group's rows of ``x``."""
+        if self.index is not None:
+            x = x.index_select(0, self.index)
+            bm = None if bm is None else bm.index_select(0, self.index)
+        rows = Rows(x, self.cache, inputs, bm)
+        for slot, members in enumerate(self.members[:n_slots]):
+            rows.slot = slot
+            members[0].device_apply(rows, members)
+        return rows
+
+    def pack(self, rows: Rows) -> list[torch.Tensor]:
+        """The ``[Bg, c]`` columns of the group's results: the token (or -1: redo) or the redo mark, the draw
+        flags, the candidates (one float32 block once concatenated)."""
+        unsure = rows.unsure()
+        if rows.selected is not None:
+            cols = [rows.positions_to_ids(rows.selected).masked_fill(unsure, -1)]
+        else:
+            cols = [unsure]
+        cols += [used for _, used in rows.draws]
+        form = None
+        if rows.selected is None or (self.records and rows.width <= DEVICE_SMALL_WIDTH):
+            form = "n" if rows.n is not None else "live" if rows.live is not None else "all"
+            cols += [t for t in (rows.n, rows.live, rows.ids) if t is not None] + [rows.logits]
+        self.layout = _Layout(rows.selected is not None, [slot for slot, _ in rows.draws], form, rows.ids is None,
+                              rows.width, rows.sorted)
+        return cols
 
 
 def plan_prefix(samplers: Sequence[Sampler], select_on_device: bool = True) -> tuple[int, tuple]:
@@ -75,15 +169,16 @@ def plan_prefix(samplers: Sequence[Sampler], select_on_device: bool = True) -> t
 class BatchSampler:
     """Sample one token per row of a ``[B, n_vocab]`` logits tensor, row i with ``chains[i]``.
 
-    ``chains`` holds one :class:`Chain` or :class:`CommonSampler` per row (distinct objects: each keeps its own
-    state). ``select_on_device=False`` stops every device prefix before its selector (llama.cpp's hybrid mode:
-    filtering on the device, the draw on the CPU over the reduced candidates). A CommonSampler with a grammar
-    samples on the CPU (llama.cpp turns backend sampling off for grammars).
+    ``chains`` holds one :class:`Chain` or one row sampler (:class:`~samplechain.device.protocol.RowSampler`,
+    e.g. ``CommonSampler``) per row, distinct objects: each keeps its own state. ``select_on_device=False`` stops
+    every device prefix before its selector (llama.cpp's hybrid mode: filtering on the device, the draw on the
+    CPU over the reduced candidates). A row whose sampler is ``cpu_only`` (a grammar) samples on the CPU
+    (llama.cpp turns backend sampling off for grammars). ``cuda_graph``: on CUDA, capture the step as a graph.
     """
 
-    def __init__(self, chains: Sequence[Chain | CommonSampler], device: str | torch.device = "cpu", *,
-                 select_on_device: bool = True) -> None:
-        if isinstance(chains, (Chain, CommonSampler)) or not isinstance(chains, Sequence):
+    def __init__(self, chains: Sequence[Chain | RowSampler], device: str | torch.device = "cpu", *,
+                 select_on_device: bool = True, cuda_graph: bool = True) -> None:
+        if isinstance(chains, (Chain, RowSampler)) or not isinstance(chains, Sequence):
             raise ValueError("chains must be a sequence with one Chain or CommonSampler per row")
         if not chains:
             raise ValueError("chains must not be empty")
@@ -95,16 +190,16 @@ class BatchSampler:
         seen: set[int] = set()
         self._rows: list[_Row] = []
         for i, owner in enumerate(chains):
-            if isinstance(owner, CommonSampler):
-                samplers = owner.chain.samplers
-            elif isinstance(owner, Chain):
-                samplers = owner.samplers
+            if isinstance(owner, Chain):
+                row_sampler: RowSampler = ChainRow(owner)
+            elif isinstance(owner, RowSampler):
+                row_sampler = owner
             else:
                 raise ValueError(f"chains[{i}] must be a Chain or CommonSampler, got {type(owner).__name__}")
             if id(owner) in seen:
                 raise ValueError(f"chains[{i}] appears twice; every row needs its own chain (clone() it)")
             seen.add(id(owner))
-            row = _Row(owner, list(samplers), 0, ())
+            row = _Row(row_sampler, list(row_sampler.samplers), 0, (), bool(row_sampler.cpu_only))
             if not row.cpu_only:
                 row.prefix, row.key = plan_prefix(row.samplers, select_on_device)
             row.seeded = [s for s in row.samplers if hasattr(s, "rng")]
@@ -118,8 +213,17 @@ class BatchSampler:
             members = [[s for s in self._rows[i].samplers[: self._rows[i].prefix] if not s.disabled] for i in idx]
             whole = idx == list(range(len(self._rows)))
             index = None if whole else torch.tensor(idx, dtype=torch.int64, device=self.device)
-            self._groups.append(_Group(idx, [list(slot) for slot in zip(*members, strict=True)], index))
+            records = any(not isinstance(self._rows[i].owner, ChainRow) for i in idx)
+            self._groups.append(_Group(idx, [list(slot) for slot in zip(*members, strict=True)], index, records))
         self._cpu_rows = [i for i, row in enumerate(self._rows) if not row.key]
+        self._cpu_index = (torch.tensor(self._cpu_rows, dtype=torch.int64, device=self.device)
+                           if self._cpu_rows else None)
+        self._one_group = len(self._groups) == 1 and self._groups[0].index is None and not self._cpu_rows
+        self._graphs = cuda_graph and self.device.type == "cuda"
+        self._graph: tuple | None = None  # (key, graph, static input, static output)
+        self._n_steps = 0
+        self._out_shape: tuple | None = None  # of the packed results, known after the first step
+        self.redone: list[int] = []  # the rows the last step redid on the CPU (decisions too close to call)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -133,6 +237,11 @@ class BatchSampler:
     def n_groups(self) -> int:
         """How many device programs one step runs (rows with the same prefix shape share one)."""
         return len(self._groups)
+
+    @property
+    def graph_captured(self) -> bool:
+        """Whether the step now replays a captured CUDA graph."""
+        return self._graph is not None
 
     def describe(self, i: int) -> str:
         """Row ``i``'s chain with llama.cpp's marks: ``+name`` on the device, ``name`` on the CPU."""
@@ -151,7 +260,8 @@ class BatchSampler:
         x = self._check(logits)
         saved = [[(s, s.rng.mark()) for s in row.seeded] for row in self._rows]
         try:
-            tokens, accepted = self._step(x, saved)
+            with torch.inference_mode():
+                tokens, records, accepted = self._step(x, saved)
         except BaseException:
             for snap in saved:
                 _restore(snap)
@@ -159,10 +269,8 @@ class BatchSampler:
         for i, token in enumerate(tokens):
             if not accepted[i]:
                 owner = self._rows[i].owner
-                if isinstance(owner, CommonSampler):
-                    owner.accept(token, is_generated=True)
-                else:
-                    owner.accept(token)
+                owner.record(records[i])
+                owner.accept(token, is_generated=True)
         return tokens
 
     def _check(self, logits: object) -> torch.Tensor:
@@ -170,85 +278,190 @@ class BatchSampler:
             raise ValueError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
         if logits.ndim != 2 or logits.shape[0] != len(self._rows) or logits.shape[1] == 0:
             raise ValueError(f"logits must have shape [{len(self._rows)}, n_vocab], got {list(logits.shape)}")
+        if logits.shape[1] > 2**24:
+            raise ValueError(f"n_vocab {logits.shape[1]} is above 2**24, the largest the device path handles")
         if not logits.is_floating_point():
             raise ValueError(f"logits must be floating point, got {logits.dtype}")
         if logits.device.type != self.device.type or (
                 self.device.index is not None and logits.device.index != self.device.index):
             raise ValueError(f"logits are on {logits.device}, the sampler on {self.device}")
-        x = logits.detach()
-        return x.contiguous() if x.dtype == torch.float32 else x.float().contiguous()
+        if logits.dtype != torch.float32:
+            return logits.detach().float()
+        return logits if logits.is_contiguous() else logits.contiguous()
 
-    def _run(self, x: torch.Tensor) -> tuple[list[tuple[_Group, Rows]], torch.Tensor]:
-        """Every group's device prefix on its rows of ``x``; also the row maxima (NaN/+inf check)."""
-        pending: list[tuple[_Group, Rows]] = []
-        col_max, row_max = column_max(x)
+    def _program(self, x: torch.Tensor, inputs: list[dict], out: torch.Tensor | None = None) -> torch.Tensor:
+        """The device part of a step: every group's prefix, packed into one float32 tensor (written into ``out``
+        when given): the step's one transfer."""
+        bm, row_max = block_max(x)
+        if self._one_group:  # one group, the whole batch in order: one [B, 1 + C] block
+            g = self._groups[0]
+            g.last = g.run(x, bm, inputs[0])
+            return torch.cat([row_max, *g.pack(g.last)], 1, out=out)
+        pieces = [row_max.reshape(-1)]
+        for g, g_inputs in zip(self._groups, inputs, strict=True):
+            g.last = g.run(x, bm, g_inputs)
+            pieces.append(torch.cat(g.pack(g.last), 1).reshape(-1))
+        if self._cpu_index is not None:
+            pieces.append(x.index_select(0, self._cpu_index).reshape(-1))
+        return torch.cat(pieces, out=out)
+
+    def _device_step(self, x: torch.Tensor, inputs: list[dict], out: torch.Tensor | None) -> torch.Tensor:
+        """Run the step's program (on CUDA: replay its graph) and return its packed results, in ``out`` when the
+        program runs on the CPU."""
+        if not self._graphs:
+            return self._program(x, inputs, out if self.device.type == "cpu" else None)
+        if self._n_steps == 0 or not self._capturable():
+            return self._program(x, inputs)
+        key = (tuple(x.shape), x.dtype)
+        if self._graph is None or self._graph[0] != key:
+            self._capture(x, inputs, key)
+        _, graph, static_x, static_out = self._graph
+        static_x.copy_(x)
+        graph.replay()
+        return static_out
+
+    def _capturable(self) -> bool:
+        """A CUDA graph replays fixed buffers: every step input must be a number, and no row may keep device
+        tensors of the step (the candidates of wide rows are read lazily)."""
+        return all(len(g.widths) == len(g.input_slots) and
+                   not (g.records and g.layout is not None and g.layout.selecting and g.layout.form is None)
+                   for g in self._groups)
+
+    def _capture(self, x: torch.Tensor, inputs: list[dict], key: tuple) -> None:
+        static_x = x.clone()
+        side = torch.cuda.Stream(device=x.device)
+        side.wait_stream(torch.cuda.current_stream(x.device))
+        with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graphs asks
+            self._program(static_x, inputs)
+        torch.cuda.current_stream(x.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = self._program(static_x, inputs)
         for g in self._groups:
-            step = {}
-            for slot, members in enumerate(g.members):
-                if _has_input(members[0]):
-                    step[slot] = [s.device_input() for s in members]
-            if g.index is None:
-                rows = Rows(x, g.params, step, col_max)
-            else:
-                rows = Rows(x.index_select(0, g.index), g.params, step,
-                            None if col_max is None else col_max.index_select(0, g.index))
-            for slot, members in enumerate(g.members):
-                rows.slot = slot
-                members[0].device_apply(rows, members)
-            pending.append((g, rows))
-        return pending, row_max
+            g.last = None  # graph-owned tensors: never read lazily
+        self._graph = (key, graph, static_x, static_out)
 
-    def _step(self, x: torch.Tensor, saved: list) -> tuple[list[int], list[bool]]:
-        pending, row_max = self._run(x)
-        # one transfer: row maxima (NaN/+inf check), then per group the tokens or the reduced candidates
-        out: list[torch.Tensor | None] = [row_max]
-        for _, rows in pending:
-            if rows.selected is not None:
-                out += [rows.positions_to_ids(rows.selected[:, None])[:, 0], rows.unsure]
-            else:
-                out += [rows.logits, rows.ids, rows.live, rows.unsure]
-        if self._cpu_rows:
-            out.append(x.index_select(0, torch.tensor(self._cpu_rows, device=x.device)))
-        host = [None if t is None else t.cpu() for t in out]
-        bad = (~(host[0] < float("inf"))).nonzero()
+    def _step(self, x: torch.Tensor, saved: list) -> tuple[list[int], list, list[bool]]:
+        inputs = [g.stage(self.device) for g in self._groups]
+        # a fresh host array per step (the rows' records keep views of it), the program's output on the CPU
+        host = None if self._out_shape is None else np.empty(self._out_shape, dtype=np.float32)
+        host_t = None if host is None else torch.from_numpy(host)
+        out = self._device_step(x, inputs, host_t)
+        with torch.profiler.record_function("samplechain::to_host"):  # the step's one device-to-host transfer
+            if host is None:
+                host = out.cpu().numpy()
+                self._out_shape = host.shape
+            elif out is not host_t:
+                host_t.copy_(out)
+        self._n_steps += 1
+        pieces = self._split(host)
+        row_max = pieces[0][:, 0]
+        bad = np.flatnonzero(~(row_max < np.inf))
         if len(bad):
-            raise ValueError(f"logits row {int(bad[0, 0])} contains NaN or +inf")
+            raise ValueError(f"logits row {int(bad[0])} contains NaN or +inf")
 
         n = len(self._rows)
         tokens: list[int] = [-1] * n
+        records: list = [None] * n
         accepted = [False] * n
         redo: list[int] = []
-        k = 1
-        for g, rows in pending:
-            if rows.selected is not None:
-                ids, unsure = host[k].numpy(), host[k + 1].numpy()
-                k += 2
-                for j, i in enumerate(g.rows):
-                    if unsure[j]:
-                        redo.append(i)
-                    else:
-                        tokens[i] = int(ids[j])
-                continue
-            lg, ids, live, unsure = (None if t is None else t.numpy() for t in host[k : k + 4])
-            k += 4
-            for j, i in enumerate(g.rows):
-                if unsure[j]:
-                    redo.append(i)
-                    continue
-                keep = slice(None) if live is None else live[j].nonzero()[0]
-                row_ids = (np.arange(lg.shape[1], dtype=np.int32) if ids is None else ids[j].astype(np.int32))
-                c = Candidates(row_ids[keep], lg[j][keep], sorted=rows.sorted)
-                tokens[i] = self._finish(i, c)
+        for g, arr in zip(self._groups, pieces[1:], strict=False):
+            self._read_group(g, arr, row_max, saved, tokens, records, redo)
         if self._cpu_rows:
-            full = host[k].numpy()
+            full = pieces[-1]
             for j, i in enumerate(self._cpu_rows):
-                tokens[i], accepted[i] = self._cpu(i, full[j])
+                tokens[i], records[i], accepted[i] = self._cpu(i, full[j])
+        self.redone = redo
         if redo:  # rare: a decision too close to call in the device arithmetic
-            full = x.index_select(0, torch.tensor(redo, device=x.device)).cpu().numpy()
+            with torch.profiler.record_function("samplechain::to_host"):  # a second transfer, of these rows only
+                full = x.index_select(0, torch.tensor(redo, device=x.device)).cpu().numpy()
             for j, i in enumerate(redo):
                 _restore(saved[i])
-                tokens[i], accepted[i] = self._cpu(i, full[j])
-        return tokens, accepted
+                tokens[i], records[i], accepted[i] = self._cpu(i, full[j])
+        return tokens, records, accepted
+
+    def _split(self, host: np.ndarray) -> list[np.ndarray]:
+        """The transfer cut back into its pieces: row maxima, each group's block, the CPU rows' logits."""
+        if self._one_group:
+            return [host[:, :1], host[:, 1:]]
+        shapes = [(len(self._rows), 1)] + [(len(g.rows), -1) for g in self._groups]
+        sizes = [len(self._rows)] + [len(g.rows) * self._block_width(g) for g in self._groups]
+        if self._cpu_rows:
+            shapes.append((len(self._cpu_rows), -1))
+            sizes.append(host.size - sum(sizes))
+        out, start = [], 0
+        for shape, size in zip(shapes, sizes, strict=True):
+            out.append(host[start : start + size].reshape(shape))
+            start += size
+        return out
+
+    @staticmethod
+    def _block_width(g: _Group) -> int:
+        lay = g.layout
+        width = 1 + len(lay.draws)
+        if lay.form is not None:
+            width += {"all": 0, "n": 1, "live": lay.width}[lay.form] + (0 if lay.identity else lay.width) + lay.width
+        return width
+
+    def _read_group(self, g: _Group, arr: np.ndarray, row_max: np.ndarray, saved: list, tokens: list,
+                    records: list, redo: list) -> None:
+        lay = g.layout
+        codes = arr[:, 0].astype(np.int64).tolist()
+        col = 1
+        for slot in lay.draws:  # a draw the row did not make (e.g. XTC on a single candidate) is taken back
+            for j in np.flatnonzero(arr[:, col] == 0).tolist():
+                s = g.members[slot][j]
+                _restore([(t, m) for t, m in saved[g.rows[j]] if t is s])
+            col += 1
+        cand = None
+        if lay.form is not None:
+            w = lay.width
+            count = live = ids = None
+            if lay.form == "n":
+                count = arr[:, col].astype(np.int64)
+                col += 1
+            elif lay.form == "live":
+                live = arr[:, col : col + w] != 0
+                col += w
+            if not lay.identity:
+                ids = arr[:, col : col + w].astype(np.int32)
+                col += w
+            cand = (count, live, ids, arr[:, col : col + w])
+        selector = g.members[-1] if lay.selecting else None
+        for j, i in enumerate(g.rows):
+            code = codes[j]
+            if (code < 0 if lay.selecting else code != 0) or row_max[i] == -np.inf:
+                redo.append(i)
+            elif lay.selecting:
+                tokens[i] = code
+                if g.records:
+                    records[i] = _Recorded(selector[j], code, lay.sorted, cand, j, g.last)
+            else:
+                c = _candidates(cand, j, lay.sorted)
+                tokens[i] = self._finish(i, c)
+                records[i] = c
+
+    def _finish(self, i: int, c: Candidates) -> int:
+        """The CPU rest of row ``i``'s chain on its reduced candidates."""
+        for s in self._rows[i].samplers[self._rows[i].prefix :]:
+            s.apply(c)
+        if not 0 <= c.selected < len(c):
+            raise ValueError(f"row {i}: no sampler selected a token ({self.describe(i)})")
+        return int(c.ids[c.selected])
+
+    def _cpu(self, i: int, logits: np.ndarray) -> tuple[int, Candidates | None, bool]:
+        """Row ``i`` entirely on the CPU: the token, the final candidates, whether it was already accepted."""
+        row = self._rows[i]
+        if row.cpu_only:
+            return row.owner.sample(logits), None, True
+        c = Candidates.from_logits(logits)
+        for s in row.samplers:
+            s.apply(c)
+        if not 0 <= c.selected < len(c):
+            raise ValueError(f"row {i}: no sampler selected a token ({self.describe(i)})")
+        return int(c.ids[c.selected]), c, False
+
+    # --- logits processor ----------------------------------------------------------------------------------
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """The device prefix of every row as a logits processor: ``[B, n_vocab]`` logits after the chains'
@@ -262,47 +475,69 @@ class BatchSampler:
                 raise ValueError(f"row {i}: {self.describe(i)} has samplers without a device form after the "
                                  "prefix; a logits processor cannot run them")
         x = self._check(logits)
-        pending, row_max = self._run(x)
-        out = torch.full_like(x, float("-inf"))
-        redo: list[int] = []
-        for g, rows in pending:
-            vals = rows.logits if rows.live is None else rows.logits.masked_fill(~rows.live, float("-inf"))
-            if not rows.identity:
-                vals = torch.full((rows.batch, rows.n_vocab), float("-inf"), device=x.device).scatter_(
-                    1, rows.ids, vals)
-            idx = torch.tensor(g.rows, device=x.device)
-            out.index_copy_(0, idx, vals)
-            redo += [g.rows[j] for j in rows.unsure.nonzero()[:, 0].tolist()]
-        for i in redo:  # rare: a decision too close to call in the device arithmetic
-            c = Candidates.from_logits(x[i].cpu().numpy())
-            for s in self._rows[i].samplers[: self._rows[i].prefix]:
-                s.apply(c)
-            row = torch.full((x.shape[1],), float("-inf"))
-            row[torch.from_numpy(c.ids.astype(np.int64))] = torch.from_numpy(np.ascontiguousarray(c.logits))
-            out[i] = row.to(x.device)
-        if not bool((row_max < float("inf")).all()):
-            raise ValueError("logits contain NaN or +inf")
-        return out
+        with torch.inference_mode():
+            bm, row_max = block_max(x)
+            if not bool((row_max < float("inf")).all()):
+                raise ValueError("logits contain NaN or +inf")
+            out = torch.full_like(x, float("-inf"))
+            redo: list[int] = []
+            for g in self._groups:
+                n_slots = len(g.members) - (g.members[-1][0].effect == SELECTOR)  # nothing is selected
+                saved = [[(s, s.rng.mark()) for s in slot if hasattr(s, "rng")] for slot in g.members[:n_slots]]
+                rows = g.run(x, bm, g.stage(self.device, n_slots), n_slots)
+                for slot, used in rows.draws:  # draws a row did not make are taken back
+                    for j in (used[:, 0] == 0).nonzero()[:, 0].tolist():
+                        _restore([saved[slot][j]])
+                mask = rows.mask()
+                vals = rows.logits if mask is None else rows.logits.masked_fill(~mask, float("-inf"))
+                if not rows.identity:
+                    vals = torch.full((rows.batch, rows.n_vocab), float("-inf"), device=x.device).scatter_(
+                        1, rows.ids, vals)
+                out.index_copy_(0, torch.tensor(g.rows, device=x.device), vals)
+                redo += [g.rows[j] for j in rows.unsure().nonzero()[:, 0].tolist()]
+            for i in redo:  # rare: a decision too close to call in the device arithmetic
+                c = Candidates.from_logits(x[i].cpu().numpy())
+                for s in self._rows[i].samplers[: self._rows[i].prefix]:
+                    s.apply(c)
+                row = torch.full((x.shape[1],), float("-inf"))
+                row[torch.from_numpy(c.ids.astype(np.int64))] = torch.from_numpy(np.ascontiguousarray(c.logits))
+                out[i] = row.to(x.device)
+        return out.clone()
 
-    def _finish(self, i: int, c: Candidates) -> int:
-        """The CPU rest of row ``i``'s chain on its reduced candidates."""
-        for s in self._rows[i].samplers[self._rows[i].prefix :]:
-            s.apply(c)
-        if not 0 <= c.selected < len(c):
-            raise ValueError(f"row {i}: no sampler selected a token ({self.describe(i)})")
-        return int(c.ids[c.selected])
 
-    def _cpu(self, i: int, logits: np.ndarray) -> tuple[int, bool]:
-        """Row ``i`` entirely on the CPU; returns the token and whether it was already accepted."""
-        owner = self._rows[i].owner
-        if self._rows[i].cpu_only:
-            return owner.sample(logits), True
-        c = Candidates.from_logits(logits)
-        for s in self._rows[i].samplers:
-            s.apply(c)
-        if not 0 <= c.selected < len(c):
-            raise ValueError(f"row {i}: no sampler selected a token ({self.describe(i)})")
-        return int(c.ids[c.selected]), False
+def _candidates(cand: tuple, j: int, is_sorted: bool) -> Candidates:
+    """Row ``j``'s candidate array from a group's transferred block (count or mask, ids, logits)."""
+    count, live, ids, logits = cand
+    keep = slice(None) if count is None and live is None else (
+        slice(0, int(count[j])) if live is None else live[j].nonzero()[0])
+    row_ids = np.arange(logits.shape[1], dtype=np.int32) if ids is None else ids[j]
+    return Candidates(row_ids[keep], np.ascontiguousarray(logits[j][keep]), sorted=is_sorted)
+
+
+class _Recorded:
+    """A device-selected row's final candidates, built on first read: from the transferred block (narrow rows)
+    or, for wide rows, from the step's device tensors (one more transfer, only when read)."""
+
+    __slots__ = ("cand", "j", "rows", "selector", "sorted", "token")
+
+    def __init__(self, selector: Sampler, token: int, is_sorted: bool, cand: tuple | None, j: int,
+                 rows: Rows | None) -> None:
+        self.selector, self.token, self.sorted, self.cand, self.j = selector, token, is_sorted, cand, j
+        self.rows = rows if cand is None else None
+
+    def __call__(self) -> Candidates:
+        if self.cand is not None:
+            c = _candidates(self.cand, self.j, self.sorted)
+        else:
+            r, j = self.rows, self.j
+            mask = r.mask()
+            cand = (None, None if mask is None else mask[j : j + 1].cpu().numpy(),
+                    None if r.ids is None else r.ids[j : j + 1].cpu().numpy().astype(np.int32),
+                    r.logits[j : j + 1].cpu().numpy())
+            c = _candidates(cand, 0, self.sorted)
+        c.selected = int(np.flatnonzero(c.ids == self.token)[0])
+        self.selector.device_record(c)
+        return c
 
 
 def _restore(snapshot: list) -> None:

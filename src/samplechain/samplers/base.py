@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 from samplechain.candidates import Candidates
 
-if TYPE_CHECKING:  # the device layer sits above the samplers; torch is never imported here
-    from samplechain.device.rows import Rows
+if TYPE_CHECKING:  # samplechain.rows imports torch; the samplers import it only inside their device forms
+    from samplechain.rows import Rows
 
 FILTER = "filter"  # removes or masks candidates; cannot change the argmax among survivors
 TRANSFORM = "transform"  # reshapes the distribution
@@ -73,9 +73,14 @@ class Sampler:
         raise NotImplementedError
 
     def device_input(self) -> object:
-        """This step's host-side input of the device form (a uniform from the sampler's own generator, a
-        history table), computed before the step and uploaded with it. Only samplers that need one define it."""
+        """This step's host-side input of the device form, computed before the step and uploaded with it: a tuple
+        of numbers (a uniform from the sampler's own generator), written into the step's static buffer, or
+        anything else (a history table), handed over as it is. Only samplers that need one define it."""
         raise NotImplementedError
+
+    def device_record(self, c: Candidates) -> None:
+        """``c`` holds this selector's input candidates with ``selected`` set by the device; leave it as
+        :meth:`apply` would have (probabilities), so a device step reports what a CPU step reports."""
 
     def reset(self) -> None:
         """Back to the just-constructed state (samplers with a random seed draw a new one)."""

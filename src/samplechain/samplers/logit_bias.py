@@ -10,7 +10,7 @@ from samplechain._numeric import F32
 from samplechain.candidates import Candidates
 from samplechain.samplers._ops import check_int, check_number
 from samplechain.samplers.base import DeviceShape, Sampler
-from samplechain.samplers.penalties import device_scatter_add, positions_of
+from samplechain.samplers.penalties import device_scatter_add, device_table, positions_of
 
 
 def normalize_biases(
@@ -69,10 +69,15 @@ class LogitBias(Sampler):
         return shape.but(sorted=False) if shape.identity and not shape.selected else None
 
     def device_apply(self, rows, members) -> None:
-        for m in members:
-            if m.n_vocab is None and len(m._tokens) and m._tokens.max() >= rows.n_vocab:
-                raise ValueError(f"logit bias token {int(m._tokens.max())} is outside the vocabulary "
-                                 f"[0, {rows.n_vocab})")
-        device_scatter_add(rows, [m._tokens for m in members], [m._values for m in members],
+        device_scatter_add(rows, rows.constant("table", lambda: _bias_table(rows, members)),
                            lambda x, bias: x + bias)
-        rows.sorted = False
+        rows.to_mask()
+
+
+def _bias_table(rows, members: list[LogitBias]) -> tuple:
+    """The members' biases as a device table, built once per batch composition."""
+    for m in members:
+        if m.n_vocab is None and len(m._tokens) and m._tokens.max() >= rows.n_vocab:
+            raise ValueError(f"logit bias token {int(m._tokens.max())} is outside the vocabulary "
+                             f"[0, {rows.n_vocab})")
+    return device_table(rows, [m._tokens for m in members], [m._values for m in members])

@@ -12,33 +12,39 @@ from samplechain.samplers._ops import check_int, check_number
 from samplechain.samplers.base import DeviceShape, Sampler
 
 
-def device_scatter_add(rows, tokens: list[np.ndarray], values: list[np.ndarray], fn) -> None:
-    """``logits[id] = fn(logits[id], value)`` for each row's (token, value) pairs, unique tokens per row.
-
-    Identity rows gather and scatter the few entries; reordered rows look each candidate's value up in a
-    vocabulary-wide table. Tokens outside the rows' vocabulary are ignored.
-    """
+def device_table(rows, tokens: list[np.ndarray], values: list[np.ndarray]) -> tuple:
+    """``[B, w]`` (token, value) tables on the rows' device, unique tokens per row, padded with a spare column
+    (``n_vocab``) that the scatter ignores. Tokens outside the rows' vocabulary are left out."""
     import torch
 
     v = rows.n_vocab
     width = max(1, max(len(t) for t in tokens))
-    tok = np.full((rows.batch, width), v, dtype=np.int64)  # padding points at a spare column
+    tok = np.full((rows.batch, width), v, dtype=np.int64)
     val = np.zeros((rows.batch, width), dtype=F32)
     for i, (t, x) in enumerate(zip(tokens, values, strict=True)):
         inside = t < v
         tok[i, : inside.sum()] = t[inside]
         val[i, : inside.sum()] = x[inside]
-    tok_t = torch.from_numpy(tok).to(rows.device)
-    val_t = torch.from_numpy(val).to(rows.device)
+    return torch.from_numpy(tok).to(rows.device), torch.from_numpy(val).to(rows.device)
+
+
+def device_scatter_add(rows, table: tuple, fn) -> None:
+    """``logits[id] = fn(logits[id], value)`` for each row's (token, value) pairs of ``table``
+    (:func:`device_table`). Identity rows gather and scatter the few entries; reordered rows look each
+    candidate's value up in a vocabulary-wide table."""
+    import torch
+
+    tok_t, val_t = table
+    v = rows.n_vocab
     if rows.identity:
         wide = torch.cat((rows.logits, rows.logits.new_zeros(rows.batch, 1)), 1)
         wide.scatter_(1, tok_t, fn(wide.gather(1, tok_t), val_t))
         rows.set_logits(wide[:, :v])
     else:
-        table = rows.logits.new_zeros(rows.batch, v + 1).scatter_(1, tok_t, val_t)
+        lookup = rows.logits.new_zeros(rows.batch, v + 1).scatter_(1, tok_t, val_t)
         hit = rows.logits.new_zeros(rows.batch, v + 1, dtype=torch.bool).scatter_(1, tok_t, True)
         ids = rows.ids
-        rows.set_logits(torch.where(hit.gather(1, ids), fn(rows.logits, table.gather(1, ids)), rows.logits))
+        rows.set_logits(torch.where(hit.gather(1, ids), fn(rows.logits, lookup.gather(1, ids)), rows.logits))
 
 
 def positions_of(c: Candidates, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -134,5 +140,5 @@ class Penalties(Sampler):
             return x - (cnt * freq + (cnt > 0.0).to(x.dtype) * present)
 
         inputs = rows.step_input()
-        device_scatter_add(rows, [t for t, _ in inputs], [c for _, c in inputs], penalize)
-        rows.sorted = False
+        rows.to_mask()  # the order may change
+        device_scatter_add(rows, device_table(rows, [t for t, _ in inputs], [c for _, c in inputs]), penalize)
