@@ -25,6 +25,7 @@ from samplechain.server import responses as rs
 from samplechain.server import visualizer
 from samplechain.server.engine import Engine, Task
 from samplechain.server.request import MAX_BODY, APIError, Defaults, Options, bad_request, error_event
+from samplechain.server.responses import reply
 
 # the visualizer's page and assets are public, as llama-server's UI is (its API calls need the key)
 PUBLIC_PATHS = ("/health", "/v1/health", *visualizer.PAGE_PATHS)
@@ -243,8 +244,6 @@ def create_app(state: ServerState) -> Any:
     """The ASGI application (FastAPI routes behind the ``Gate`` middleware)."""
     app = FastAPI(title="samplechain", docs_url=None, redoc_url=None, openapi_url=None)
     config = state.config
-
-    reply = rs.reply
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, e: APIError) -> Response:

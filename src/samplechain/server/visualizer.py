@@ -20,7 +20,7 @@ from fastapi.responses import Response
 
 from samplechain.server import request as rq
 from samplechain.server.request import APIError, bad_request
-from samplechain.server.responses import reply as rs_reply
+from samplechain.server.responses import reply
 
 STATIC_DIR = Path(__file__).parent / "static"
 # the page's files, served at /static/<name> (and index.html at /)
@@ -36,8 +36,6 @@ def add_routes(app: Any, state: Any) -> None:
     """Add ``POST /sampling/trace``, the page at ``/`` and its assets to ``app`` (the server's FastAPI app)."""
     config = state.config
     holder: dict[str, Any] = {}  # the trace context, made on the engine thread at the first trace
-
-    reply = rs_reply
 
     def static(name: str) -> Response:
         path = STATIC_DIR / name
