@@ -245,6 +245,10 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"-b/--batch-size must be positive, got {args.batch_size}")
     if args.n_predict < -1:
         parser.error(f"-n/--n-predict must be -1 or more, got {args.n_predict}")
+    from samplechain.runtime.generation import model_path, resolve_device
+
+    model_path(args.model)  # a missing model or device is one line now, not a server that cannot load
+    resolve_device(args.device)
     params = params_from_args(args)
     _check_constraint(params)
     defaults = Defaults(params=params, n_predict=args.n_predict, n_keep=args.keep,
@@ -261,8 +265,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         timeout=args.timeout, metrics=args.metrics, slots=args.slots, props=args.props,
         alias=tuple(a for a in (args.alias or "").split(",") if a), context_shift=args.context_shift,
         special=args.special, defaults=defaults)
-    run_server(config, log_level=args.log_level)
-    return 0
+    return run_server(config, log_level=args.log_level)
 
 
 def _check_constraint(params: SamplingParams) -> None:

@@ -491,3 +491,15 @@ def test_backend_sampling_gives_the_same_text(server):
     for i, p in enumerate(plain):
         assert results[i]["content"] == p["content"]
         assert results[i]["completion_probabilities"] == p["completion_probabilities"]
+
+
+def test_serve_a_missing_model_or_device_is_one_line(capsys, tmp_path):
+    from samplechain.cli import main
+
+    assert main(["serve", "-m", str(tmp_path / "nope.gguf")]) == 1
+    assert capsys.readouterr().err.startswith("error: no model file")
+    assert main(["serve", "--device", "tpu"]) == 1
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a model at all")
+    assert main(["serve", "-m", str(bad), "--port", "0"]) == 1  # the listener stops when the model fails to load
+    assert "not a GGUF file" in capsys.readouterr().err

@@ -700,34 +700,35 @@ def start(model: Any = None, **config: Any) -> BackgroundServer:
     return BackgroundServer(ServerConfig(**config), model)
 
 
-def serve(config: ServerConfig, log_level: str = "warning") -> None:
-    """Run the server until interrupted: the listener first (503 while the model loads), as llama-server."""
+def serve(config: ServerConfig, log_level: str = "warning") -> int:
+    """Run the server until interrupted: the listener first (503 while the model loads), as llama-server. A model
+    that fails to load stops the server (exit status 1)."""
     import sys
 
     import uvicorn
 
     state = ServerState(config)
-    app = Gate(create_app(state), state)
-    loader = threading.Thread(target=_load_or_report, args=(state,), name="samplechain-load", daemon=True)
-    loader.start()
+    server = uvicorn.Server(uvicorn.Config(Gate(create_app(state), state), host=config.host, port=config.port,
+                                           log_level=log_level, timeout_keep_alive=5, server_header=False,
+                                           backlog=512))
+
+    def load() -> None:
+        try:
+            state.load()
+            print(f"samplechain serve: model loaded ({state.model.path}, kernel {state.model.transformer.kernel})",
+                  file=sys.stderr)
+        except Exception:
+            print(f"samplechain serve: error: {state.error}", file=sys.stderr)
+            server.should_exit = True
+
+    threading.Thread(target=load, name="samplechain-load", daemon=True).start()
     if config.cors_origins == "*" and not config.api_keys:
         print("warning: CORS allows every origin and no API key is set; anyone who can reach this port can use "
               "the model", file=sys.stderr)
     print(f"samplechain serve: listening on http://{config.host}:{config.port} ({config.n_slots} slots)",
           file=sys.stderr)
     try:
-        uvicorn.run(app, host=config.host, port=config.port, log_level=log_level, timeout_keep_alive=5,
-                    server_header=False, date_header=True, backlog=512)
+        server.run()
     finally:
         state.close()
-
-
-def _load_or_report(state: ServerState) -> None:
-    import sys
-
-    try:
-        state.load()
-        print(f"samplechain serve: model loaded ({state.model.path}, kernel {state.model.transformer.kernel})",
-              file=sys.stderr)
-    except Exception:
-        print(f"samplechain serve: error: {state.error}", file=sys.stderr)
+    return 1 if state.error is not None else 0
