@@ -153,13 +153,19 @@ class Engine:
     # --- the HTTP side ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="samplechain-engine", daemon=True)
+        """Run the engine on a thread of its own (see ``run``)."""
+        self._thread = threading.Thread(target=self.run, name="samplechain-engine", daemon=True)
         self._thread.start()
+
+    def run(self) -> None:
+        """The engine loop, on the calling thread, until ``stop``: the thread that should run the model."""
+        self._thread = self._thread or threading.current_thread()
+        self._loop()
 
     def stop(self) -> None:
         self._stopping = True
         self._inbox.put(None)
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
 
     def submit(self, task: Task) -> Task:
