@@ -529,7 +529,7 @@ def create_app(state: ServerState) -> Any:
     @app.post("/completion")
     @app.post("/completions")
     async def completion(req: Request) -> Response:
-        params, opts, prompts = prepare_completion(await body_of(req))
+        params, opts, prompts = await asyncio.to_thread(prepare_completion, await body_of(req))
         run = Run(engine())
         jobs = [(p, i) for p in prompts for i in range(opts.n_cmpl)]
         for k, (p, i) in enumerate(jobs):
@@ -560,7 +560,7 @@ def create_app(state: ServerState) -> Any:
 
     @app.post("/v1/completions")
     async def oai_completions(req: Request) -> Response:
-        params, opts, prompts = prepare_completion(await body_of(req))
+        params, opts, prompts = await asyncio.to_thread(prepare_completion, await body_of(req))
         prompt = prompts[0]
         run = Run(engine())
         for i in range(opts.n_cmpl):
@@ -590,10 +590,8 @@ def create_app(state: ServerState) -> Any:
             yield b"data: [DONE]\n\n"
         return streaming(events(), run)
 
-    @app.post("/v1/chat/completions")
-    @app.post("/chat/completions")
-    async def chat_completions(req: Request) -> Response:
-        body = await body_of(req)
+    def prepare_chat(body: dict[str, Any]) -> tuple[SamplingParams, Options, list[int], str]:
+        """A chat request's parameters, its prompt tokens (through the chat template) and the generation prompt."""
         try:
             text, generation_prompt = rq.chat_prompt(state.model, body)
             fields = {**body, **rq.response_format(body), **rq.chat_logprobs(body)}
@@ -602,11 +600,17 @@ def create_app(state: ServerState) -> Any:
             params, opts = prepare(fields)
         except ValueError as e:
             raise bad_request(str(e)) from None
-        vocab = state.model.vocab
-        from samplechain.runtime.chat import starts_with_bos
-
-        tokens = state.model.tokenize(text, add_special=not starts_with_bos(vocab, text))
+        tokens = rq.tokenize_mixed(state.model, text)
         check_fits(tokens)
+        return params, opts, tokens, generation_prompt
+
+    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
+    async def chat_completions(req: Request) -> Response:
+        body = await body_of(req)
+        # templates, tokenizing and grammar compilation off the event loop: other streams keep flowing
+        params, opts, tokens, generation_prompt = await asyncio.to_thread(prepare_chat, body)
+        vocab = state.model.vocab
         reasoning_format = body.get("reasoning_format", "auto")
         thinking = reasoning_format != "none"
         started = generation_prompt.rstrip().endswith(rs.ReasoningSplitter.START)
