@@ -503,3 +503,19 @@ def test_serve_a_missing_model_or_device_is_one_line(capsys, tmp_path):
     bad.write_bytes(b"not a model at all")
     assert main(["serve", "-m", str(bad), "--port", "0"]) == 1  # the listener stops when the model fails to load
     assert "not a GGUF file" in capsys.readouterr().err
+
+
+def test_thinking_budget_and_reasoning_content(server):
+    messages = [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "<think>"}]
+    base = {"messages": messages, "max_tokens": 24, "temperature": 0}
+    closed = call(server, "POST", "/v1/chat/completions", {**base, "thinking_budget_tokens": 0}).json()
+    msg = closed["choices"][0]["message"]
+    assert "reasoning_content" not in msg and "</think>" not in msg["content"]  # the block was closed at once
+    brief = call(server, "POST", "/v1/chat/completions", {**base, "reasoning_budget_tokens": 3}).json()
+    msg = brief["choices"][0]["message"]
+    thought = msg["reasoning_content"]
+    assert len(call(server, "POST", "/tokenize", {"content": thought}).json()["tokens"]) <= 3
+    assert "</think>" not in msg["content"]
+    raw = call(server, "POST", "/v1/chat/completions", {**base, "thinking_budget_tokens": 3,
+                                                        "reasoning_format": "none"}).json()
+    assert raw["choices"][0]["message"]["content"].startswith(thought + "</think>")

@@ -600,6 +600,10 @@ def create_app(state: ServerState) -> Any:
             params, opts = prepare(fields)
         except ValueError as e:
             raise bad_request(str(e)) from None
+        if params.reasoning_budget_tokens >= 0 and not params.reasoning_budget_start_tag:
+            # a thinking budget from the request: the thinking block's tags, as the chat format gives them
+            params = replace(params, reasoning_budget_start_tag=rs.ReasoningSplitter.START,
+                             reasoning_budget_end_tags=(rs.ReasoningSplitter.END,))
         tokens = rq.tokenize_mixed(state.model, text)
         check_fits(tokens)
         return params, opts, tokens, generation_prompt
