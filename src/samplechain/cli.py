@@ -317,7 +317,7 @@ def generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     speculation = _speculation(args, model)
     try:
         if args.conversation or args.interactive:
-            timings = _interactive(model, params, args, prompt, ctx, probs)
+            timings = _interactive(model, params, args, prompt, ctx, probs, speculation)
         else:
             _stream(model.generate(prompt, params, args.n_predict, chat=args.chat, n_keep=args.keep,
                                    context_shift=args.context_shift, prompt_cache=args.prompt_cache,
@@ -398,13 +398,13 @@ def _print_probs(model: object, probs: list[tuple[int, list[tuple[int, float]]]]
 
 
 def _interactive(model, params: SamplingParams, args: argparse.Namespace, prompt: str, ctx,
-                 probs: list) -> object:
+                 probs: list, speculation: object | None = None) -> object:
     """llama-cli's conversation (-cnv) and interactive (-i) modes: turns read from stdin until end of input."""
     from samplechain.runtime.chat import ChatSession
 
     session = ChatSession(model, params, system_prompt=args.system_prompt, n_predict=args.n_predict,
                           context_shift=args.context_shift, reverse_prompts=args.reverse_prompt, context=ctx,
-                          template=args.conversation)
+                          template=args.conversation, speculation=speculation)
     tty = sys.stdin.isatty()
 
     def turn(text: str) -> None:

@@ -86,3 +86,25 @@ def test_chat_generation_keeps_the_header_on_context_shift(smol):
     text = "".join(smol.generate("Write a long story about a dragon.", SamplingParams(seed=1), n_predict=120,
                                  chat=True, n_ctx=80))
     assert smol.context_shifts >= 1 and len(text) > 200
+
+
+def test_drafting_gives_the_same_conversation(smol):
+    """Seeded sampling with penalties, a reverse prompt that stops inside a verified round, context shifts: every
+    answer equals the one without drafting, turn after turn (the sampler and cache are rewound to the stop)."""
+    from samplechain.runtime.speculation import Speculation
+    from samplechain.speculative.ngram import make_drafters
+
+    params = SamplingParams(seed=7, temperature=0.7, repeat_penalty=1.05)
+    turns = ["Repeat after me: the cat sat on the mat, the cat sat on the mat.",
+             "Again, exactly: the cat sat on the mat, the cat sat on the mat.", "And once more."]
+
+    def converse(spec):
+        s = ChatSession(smol, params, n_ctx=160, n_predict=40, reverse_prompts=["on the"], speculation=spec)
+        return [("".join(s.send(t)), s.n_past, list(s.sampler.prev)) for t in turns]
+
+    plain = converse(None)
+    spec = Speculation(make_drafters(["ngram-simple"], ngram_simple_size_n=2, ngram_simple_size_m=8), n_max=8,
+                       adaptive=False)
+    assert converse(spec) == plain
+    assert sum(s.accepted for s in spec.stats.values()) > 0
+    assert all(answer.endswith("on the") for answer, _, _ in plain)  # the reverse prompt stopped every turn

@@ -18,6 +18,7 @@ from samplechain.vocab import Vocab
 if TYPE_CHECKING:
     from samplechain.runtime.context import Context
     from samplechain.runtime.generation import Model, Timings
+    from samplechain.runtime.speculation import Speculation
 
 # llama.cpp's built-in templates for models whose GGUF has none, chosen by the turn markers the vocabulary has
 BUILTIN_TEMPLATES = {
@@ -91,7 +92,8 @@ class ChatSession:
 
     def __init__(self, model: Model, params: SamplingParams | None = None, *, system_prompt: str | None = None,
                  n_ctx: int | None = None, n_predict: int = -1, context_shift: bool = True,
-                 reverse_prompts: Sequence[str] = (), context: Context | None = None, template: bool = True) -> None:
+                 reverse_prompts: Sequence[str] = (), context: Context | None = None, template: bool = True,
+                 speculation: Speculation | None = None) -> None:
         if n_predict < -1:
             raise ValueError(f"n_predict must be -1 or more, got {n_predict}")
         self.model, self.n_predict, self.context_shift = model, n_predict, context_shift
@@ -105,6 +107,8 @@ class ChatSession:
         self.n_keep = header_tokens(model, system_prompt) if template else int(model.vocab.add_bos)
         self.n_past = 0
         self.pending: list[int] = []  # sampled and accepted, not yet in the cache
+        self.history: list[int] = []  # the tokens in the cache, position by position (kept for the drafters)
+        self.speculation = speculation  # drafts verified by sample-and-compare: the same answers as without
         self.timings: Timings = model.timings.__class__(load_ms=model.load_ms, kernel=model.transformer.kernel)
 
     def send(self, text: str) -> Iterator[str]:
@@ -140,13 +144,23 @@ class ChatSession:
         while self.n_past + len(tokens) >= ctx.n_ctx:
             if not self.context_shift:
                 raise ValueError("the context is full and context shift is off")
-            self.n_past = ctx.context_shift(self.n_past, self.n_keep)
+            n_past = ctx.context_shift(self.n_past, self.n_keep)
+            del self.history[self.n_keep:self.n_keep + self.n_past - n_past]
+            self.n_past = n_past
             m.context_shifts += 1
         start = time.perf_counter()
         logits = ctx.decode(tokens, positions=range(self.n_past, self.n_past + len(tokens)))[-1]
         t.prompt_ms += (time.perf_counter() - start) * 1e3
         t.n_prompt += len(tokens)
         self.n_past += len(tokens)
+        self.history += tokens
+        if self.speculation is not None:
+            self.speculation.begin(self.history)
+            state = yield from m._speculative_loop(ctx, self.sampler, logits, self.history, self.n_keep,
+                                                   self.n_predict, self.context_shift, t, self.speculation,
+                                                   self.reverse_prompts, rewind=True)
+            self.n_past, self.pending, self.sampler = state
+            return
         device_sampler = m._device_sampler(self.sampler)
         state = yield from m._decode_loop(ctx, self.sampler, device_sampler, logits, self.n_past, self.n_keep,
                                           self.n_predict, self.context_shift, t, self.reverse_prompts)

@@ -228,38 +228,51 @@ class Model:
                                      t)
 
     def _speculative_loop(self, ctx: Context, sampler: CommonSampler, logits: torch.Tensor, history: list[int],
-                          n_keep: int, n_predict: int, context_shift: bool, t: Timings,
-                          spec: Speculation) -> Iterator[str]:
+                          n_keep: int, n_predict: int, context_shift: bool, t: Timings, spec: Speculation,
+                          stop: Sequence[str] = (), rewind: bool = False,
+                          ) -> Generator[str, None, tuple[int, list[int], CommonSampler]]:
         """The decode loop with drafts: ``[id_last, d0 .. dk-1]`` decoded in one batch, verified by
-        sample-and-compare, rejected cells removed. ``history`` holds the tokens in the cache (id_last excluded)."""
+        sample-and-compare, rejected cells removed. ``history`` holds the tokens in the cache (id_last excluded) and
+        is kept up to date. Stops as ``_decode_loop`` does (``stop`` strings included) and returns the same state,
+        plus the sampler: with ``rewind``, when it stops inside a round, the round's later tokens leave the cache and
+        the sampler is the one plain decoding would have (the round replayed up to the stop), so a conversation
+        goes on exactly as without drafting."""
         decoder = self.vocab.stream_decoder()
-        n_past, n_generated = len(history), 0
+        n_past, n_generated, text = len(history), 0, ""
         start = time.perf_counter()
         accepted = [sampler.sample(logits.cpu().numpy())]
         t.sample_ms += (time.perf_counter() - start) * 1e3
         t.n_sample += 1
-        done = False
-        while not done:
+        rows_np, draft, before = None, [], None
+        stop_at: int | None = None
+        while stop_at is None:
             # emit this round's tokens; all but the last are already in the cache
-            for token in accepted:
+            for j, token in enumerate(accepted):
                 if self.on_token is not None:
                     self.on_token(token, sampler)
                 if self.vocab.is_eog(token):
-                    done = True
+                    stop_at = j
                     break
                 n_generated += 1
                 piece = decoder.push(token)
                 if piece:
                     yield piece
+                    if stop:
+                        text = (text + piece)[-(max(map(len, stop)) + len(piece)):]
+                        if any(s in text for s in stop):
+                            stop_at = j
+                            break
                 if n_predict >= 0 and n_generated >= n_predict:
-                    done = True
+                    stop_at = j
                     break
-            if done:
+            if stop_at is not None:
                 break
             id_last = accepted[-1]
             room = self._make_room(ctx, n_past, n_keep, context_shift)
             if room is None:
+                stop_at = len(accepted) - 1
                 break
+            del history[n_keep:n_keep + n_past - room]  # what a context shift discarded
             n_past = room
             limit = ctx.n_ctx - n_past - 2
             if n_predict >= 0:  # the accepted drafts and the target's own token stay within n_predict
@@ -274,6 +287,7 @@ class Model:
             t.eval_ms += elapsed * 1e3
             t.n_eval += 1
             start = time.perf_counter()
+            before = sampler.clone() if rewind and draft and spec.verify == "compare" else None
             accepted = spec.verify_round(sampler, rows_np, draft)
             t.sample_ms += (time.perf_counter() - start) * 1e3
             t.n_sample += len(accepted)
@@ -286,6 +300,15 @@ class Model:
         tail = decoder.flush()
         if tail:
             yield tail
+        n_later = len(accepted) - 1 - stop_at  # verified after the stop: in the cache, never emitted
+        if n_later:
+            n_past -= n_later
+            ctx.seq_rm(0, n_past, -1)
+            del history[n_past:]
+            if before is not None:  # the sampler as plain decoding leaves it: the round replayed up to the stop
+                sampler = before
+                sampler.sample_and_accept_n(list(rows_np[:stop_at + 1]), draft[:stop_at])
+        return n_past, [accepted[stop_at]], sampler
 
     def _decode_loop(self, ctx: Context, sampler: CommonSampler, device_sampler: BatchSampler | None,
                      logits: torch.Tensor, n_past: int, n_keep: int, n_predict: int, context_shift: bool, t: Timings,
