@@ -337,6 +337,8 @@ class Engine:
         device_tokens = self._sample_on_device(on_device, logits)
         logits_np = logits.float().cpu().numpy()
         for (s, draft), i in zip(rows, starts, strict=True):
+            if s.task is None:  # failed (and released) while sampling on the device
+                continue
             if s in device_tokens:
                 self._first_token(s)
                 self._sampled(s, device_tokens[s], logits_np[i])
