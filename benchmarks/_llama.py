@@ -21,6 +21,25 @@ except ImportError:  # the benchmark environment installs it: pip install -e '.[
 TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
 
+def without_extra_bufts() -> None:
+    """Load llama.cpp models with ``use_extra_bufts=False`` (spec/runtime-notes.md: ggml's AMX path segfaults on
+    some machines of this kind). ``Llama(use_extra_bufts=False)`` is swallowed by its ``**kwargs`` in 0.3.36, so the
+    default model parameters, read by ``Llama.__init__`` at call time, are patched instead (once)."""
+    import llama_cpp.llama_cpp as C
+
+    if getattr(C.llama_model_default_params, "_without_extra_bufts", False):
+        return
+    default_params = C.llama_model_default_params
+
+    def model_params():
+        params = default_params()
+        params.use_extra_bufts = False
+        return params
+
+    model_params._without_extra_bufts = True
+    C.llama_model_default_params = model_params
+
+
 def available() -> bool:
     return L is not None
 

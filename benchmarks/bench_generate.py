@@ -64,9 +64,13 @@ def invariant(model, tokens):
 def llama_cpp(path, tokens, n_decode, repeats):
     import llama_cpp
 
+    from benchmarks import _llama
+
+    _llama.without_extra_bufts()
+
     start = time.perf_counter()
     llm = llama_cpp.Llama(path, n_threads=2, n_threads_batch=2, n_ctx=max(1024, len(tokens) + n_decode + 8),
-                          n_batch=512, verbose=False, use_extra_bufts=False)
+                          n_batch=512, verbose=False)
     load_s = time.perf_counter() - start
     pp, tg = [], []
     for _ in range(repeats):

@@ -136,20 +136,14 @@ def anchor_server(model: str, threads: int, ctx_per_stream: int) -> Server:
 
 def serve_anchor(argv: list[str]) -> None:
     """``python -m llama_cpp.server`` with the model loaded under ``use_extra_bufts=False``."""
-    import llama_cpp.llama_cpp as C
     import uvicorn
     from llama_cpp.server import app as server_app
     from llama_cpp.server.cli import add_args_from_model, parse_model_from_args
     from llama_cpp.server.settings import ModelSettings, ServerSettings, Settings
 
-    default_params = C.llama_model_default_params
+    from benchmarks import _llama
 
-    def model_params():
-        params = default_params()
-        params.use_extra_bufts = False
-        return params
-
-    C.llama_model_default_params = model_params  # read at call time by Llama.__init__
+    _llama.without_extra_bufts()
     parser = argparse.ArgumentParser(prog="bench_server --serve-anchor")
     add_args_from_model(parser, Settings)
     args = parser.parse_args(argv)

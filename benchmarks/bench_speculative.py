@@ -60,9 +60,13 @@ def llama_cpp(path, prompt_tokens, n, k):
     import llama_cpp
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
+    from benchmarks import _llama
+
+    _llama.without_extra_bufts()
+
     def run(draft):
         llm = llama_cpp.Llama(path, n_threads=2, n_threads_batch=2, n_ctx=2048, verbose=False, logits_all=True,
-                              use_extra_bufts=False, draft_model=draft)
+                              draft_model=draft)
         toks = []
         t0 = None
         for tok in llm.generate(prompt_tokens, temp=0.0, top_k=1, reset=True):
