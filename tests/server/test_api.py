@@ -416,7 +416,8 @@ def test_speculative_slots_give_the_same_text(smol):
         expected = [call(plain, "POST", "/completion", b).json() for b in bodies]
     with live_server(smol, n_slots=2, n_ctx=1024, metrics=True,
                      speculation=lambda: Speculation(make_drafters(["ngram-simple"], ngram_simple_size_n=3,
-                                                                   ngram_simple_size_m=16), n_max=8)) as spec:
+                                                                   ngram_simple_size_m=16), n_max=8,
+                                                    adaptive=False)) as spec:
         got = [call(spec, "POST", "/completion", b).json() for b in bodies]
         streamed = call(spec, "POST", "/completion", {**bodies[0], "stream": True}).events()
         metrics = call(spec, "GET", "/metrics").body.decode()
