@@ -258,8 +258,8 @@ class Model:
                 if piece:
                     yield piece
                     if stop:
-                        text = (text + piece)[-(max(map(len, stop)) + len(piece)):]
-                        if any(s in text for s in stop):
+                        text, hit = _stop_window(text, piece, stop)
+                        if hit:
                             stop_at = j
                             break
                 if n_predict >= 0 and n_generated >= n_predict:
@@ -335,8 +335,8 @@ class Model:
             if piece:
                 yield piece
                 if stop:
-                    text = (text + piece)[-(max(map(len, stop)) + len(piece)):]
-                    if any(s in text for s in stop):
+                    text, hit = _stop_window(text, piece, stop)
+                    if hit:
                         break
             if n_predict >= 0 and n_generated >= n_predict:
                 break
@@ -393,6 +393,12 @@ class Model:
         n_reuse = min(n_match, len(tokens) - 1, ctx.seq_pos_max(0) + 1)
         ctx.seq_rm(-1, n_reuse, -1)
         return max(n_reuse, 0)
+
+
+def _stop_window(text: str, piece: str, stop: Sequence[str]) -> tuple[str, bool]:
+    """The recent text kept for stop-string checks after ``piece``, and whether a ``stop`` string is now in it."""
+    text = (text + piece)[-(max(map(len, stop)) + len(piece)):]
+    return text, any(s in text for s in stop)
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

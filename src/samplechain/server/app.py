@@ -215,7 +215,7 @@ class Run:
 
         task = Task(tokens=tokens, params=params, emit=emit, n_predict=opts.n_predict, n_keep=opts.n_keep,
                     n_discard=opts.n_discard, stop=opts.stop, cache_prompt=opts.cache_prompt, id_slot=opts.id_slot,
-                    index=index, n_indent=opts.n_indent, t_max_predict_ms=opts.t_max_predict_ms,
+                    n_indent=opts.n_indent, t_max_predict_ms=opts.t_max_predict_ms,
                     return_progress=opts.return_progress and opts.stream)
         self.tasks.append(task)
         self.engine.submit(task)

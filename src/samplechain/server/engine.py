@@ -44,13 +44,11 @@ class Task:
     stop: tuple[str, ...] = ()
     cache_prompt: bool = True
     id_slot: int = -1
-    index: int = 0
     n_indent: int = 0
     t_max_predict_ms: float = -1.0
     return_progress: bool = False
     id: int = 0
     cancelled: threading.Event = field(default_factory=threading.Event)
-    t_queued: float = field(default_factory=time.perf_counter)
 
 
 @dataclass
@@ -323,7 +321,7 @@ class Engine:
         t0 = time.perf_counter()
         logits = self.ctx.decode(tokens, positions=positions, seq_ids=seqs, outputs=outputs)
         elapsed = time.perf_counter() - t0
-        self.metrics.add_decode(elapsed, len(tokens), sum(1 for s in self.slots if s.busy))
+        self.metrics.add_decode(len(tokens), sum(1 for s in self.slots if s.busy))
         for s in stepping:  # the batch is in the cache now (rejected drafts leave it after verification)
             s.cache += [s.last, *s.draft]
             s.last = None
@@ -607,7 +605,7 @@ class Metrics:
         self.spec_draft_tokens += n_drafted
         self.spec_accepted_tokens += n_accepted
 
-    def add_decode(self, seconds: float, n_tokens: int, n_busy: int) -> None:
+    def add_decode(self, n_tokens: int, n_busy: int) -> None:
         self.n_decode_total += 1
         self.n_tokens_max = max(self.n_tokens_max, n_tokens)
         self.n_busy_slots_total += n_busy

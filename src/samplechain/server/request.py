@@ -73,7 +73,6 @@ class Options:
     timings_per_token: bool = False
     response_fields: tuple[str, ...] = ()
     verbose: bool = False
-    extra_stop: tuple[str, ...] = field(default=())
 
 
 @dataclass
