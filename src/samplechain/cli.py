@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from typing import NoReturn
@@ -12,6 +13,20 @@ from samplechain.param_specs import cli_number as _number
 from samplechain.param_specs import declarations
 from samplechain.param_specs import unescape as _unescape
 from samplechain.params import SamplingParams
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
 
 
 class _Parser(argparse.ArgumentParser):
@@ -148,12 +163,17 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="accepted for llama.cpp compatibility: the whole model runs on --device")
     o.add_argument("--api-key", default=None, help="comma-separated API keys (also $LLAMA_API_KEY)")
     o.add_argument("--api-key-file", default=None, help="file with one API key per line (# comments)")
-    o.add_argument("--cors-origins", default="*", help="'*' (echo the Origin), 'localhost', or one origin")
+    o.add_argument("--cors-origins", default="localhost",
+                   help="origins whose pages may call the server: 'localhost' (loopback pages, the default), '*' "
+                        "(any page, without credentials), or a comma-separated list of origins")
     o.add_argument("--cors-methods", default="GET, POST, DELETE, OPTIONS")
     o.add_argument("--cors-headers", default="*")
     o.add_argument("--cors-credentials", dest="cors_credentials", action="store_true", default=True)
     o.add_argument("--no-cors-credentials", dest="cors_credentials", action="store_false")
-    o.add_argument("-to", "--timeout", type=int, default=3600, help="HTTP read/write timeout in seconds")
+    o.add_argument("-to", "--timeout", type=_positive_int, default=600,
+                   help="HTTP read/write timeout in seconds: a silent request body or a client that reads nothing")
+    o.add_argument("--shutdown-grace", type=_non_negative_float, default=10.0,
+                   help="on SIGTERM/SIGINT, seconds running requests may finish before they are cut (default 10)")
     o.add_argument("-cb", "--cont-batching", action="store_true", default=True,
                    help="continuous batching (always on)")
     o.add_argument("-a", "--alias", default=None, help="model id(s) for the API, comma-separated")
@@ -262,7 +282,8 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads, device=args.device,
         kernel=args.kernel, api_keys=_api_keys(args), cors_origins=args.cors_origins,
         cors_methods=args.cors_methods, cors_headers=args.cors_headers, cors_credentials=args.cors_credentials,
-        timeout=args.timeout, metrics=args.metrics, slots=args.slots, props=args.props,
+        timeout=args.timeout, shutdown_grace=args.shutdown_grace, metrics=args.metrics, slots=args.slots,
+        props=args.props,
         alias=tuple(a for a in (args.alias or "").split(",") if a), context_shift=args.context_shift,
         special=args.special, defaults=defaults)
     return run_server(config, log_level=args.log_level)
@@ -298,8 +319,16 @@ def generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ValueError as e:
         parser.error(str(e))
 
+    if args.batch_size < 1:
+        parser.error(f"-b/--batch-size must be positive, got {args.batch_size}")
     if (args.conversation or args.interactive) and args.prompt_cache is not None:
         parser.error("--prompt-cache is not supported with -cnv/-i")
+    if args.prompt_cache is not None:
+        folder = os.path.dirname(os.path.abspath(args.prompt_cache))
+        if not os.path.isdir(folder):
+            parser.error(f"--prompt-cache: the folder {folder} does not exist")
+        if os.path.isdir(args.prompt_cache):
+            parser.error(f"--prompt-cache: {args.prompt_cache} is a folder, not a file")
     from samplechain.runtime import load_model
 
     model = load_model(args.model, device=args.device, n_threads=args.threads, kernel=args.kernel)
@@ -307,7 +336,7 @@ def generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"note: -ngl {args.gpu_layers} is ignored: the whole model runs on the cpu (--device cuda for a GPU)",
               file=sys.stderr)
     n_ctx = args.ctx_size or model.config.n_ctx_train
-    ctx = model.new_context(n_ctx, n_batch=max(1, args.batch_size))
+    ctx = model.new_context(n_ctx, n_batch=args.batch_size)
     if args.verbose_prompt:
         print(f"prompt tokens: {model.tokenize(prompt)}", file=sys.stderr)
     probs: list[tuple[int, list[tuple[int, float]]]] = []

@@ -224,29 +224,17 @@ _STRTOL_ID = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
 
 
 def _read_logit_bias(value: object, default: object) -> tuple[tuple[int | str, float], ...]:
-    """llama-server's reading: ``[[token_or_text, bias_or_false], ...]`` or ``{"token_or_text": bias_or_false}``;
-    malformed entries, ``true`` biases and ids outside [0, 2^31) are skipped; any other value clears the biases."""
-    if isinstance(value, list):
-        items: Iterable = (e for e in value if isinstance(e, list) and len(e) == 2)
-    elif isinstance(value, Mapping):
-        items = value.items()
-    else:
-        return ()
-    out: list[tuple[int | str, float]] = []
-    for token, bias in items:
-        if bias is False:
-            bias = -math.inf
-        elif isinstance(bias, bool) or not isinstance(bias, (int, float)) or math.isnan(bias) or bias == math.inf:
-            continue
-        if isinstance(value, Mapping) and isinstance(token, str):  # a key strtol reads whole is an id ("" is 0)
-            m = _STRTOL_ID.fullmatch(token)
-            token = int(m.group(1)) if m else 0 if token == "" else token
-        if isinstance(token, bool) or not isinstance(token, (int, str)):
-            continue  # only integers and texts are tokens (15.0 is not)
-        if isinstance(token, int) and not 0 <= token <= INT32_MAX:
-            continue
-        out.append((token, float(bias)))
-    return tuple(out)
+    """llama-server's forms, ``[[token_or_text, bias_or_false], ...]`` or ``{"token_or_text": bias_or_false}``,
+    where an object key that strtol reads whole is an id (``""`` is 0). Anything malformed (not a pair, a bias
+    that is not a number or false, a negative id, neither form) is an error, where llama-server skips it."""
+    if isinstance(value, Mapping):
+        def key(token: object) -> object:
+            if isinstance(token, str):
+                m = _STRTOL_ID.fullmatch(token)
+                return int(m.group(1)) if m else 0 if token == "" else token
+            return token
+        value = [(key(token), bias) for token, bias in value.items()]
+    return _parse_logit_bias(value)
 
 
 def _read_json_schema(value: object, default: object) -> Any:

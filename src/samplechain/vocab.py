@@ -8,6 +8,7 @@ runtime) brings the model's own tokenizer.
 from __future__ import annotations
 
 import codecs
+import functools
 import os
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -117,6 +118,11 @@ class Vocab:
     @property
     def n_tokens(self) -> int:
         return len(self._tokens)
+
+    @functools.cached_property
+    def max_piece_bytes(self) -> int:
+        """The longest token's length in bytes: a text of ``n`` bytes has at least ``n / max_piece_bytes`` tokens."""
+        return max((len(t) for t in self._tokens), default=1)
 
     def token_bytes(self, token: int) -> bytes:
         """The token's raw bytes (special tokens rendered as their text)."""

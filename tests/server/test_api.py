@@ -34,7 +34,9 @@ def test_unknown_route_and_bad_json(server):
     assert r.status == 404
     assert r.json() == {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}}
     r = call(server, "POST", "/completion", raw=b"{not json")
-    assert r.status == 500 and r.json()["error"]["type"] == "server_error"  # as llama-server: parsed before 400s
+    # llama-server answers 500; a body that is not JSON is the client's error
+    assert r.status == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    assert r.json()["error"]["message"].startswith("[json.exception.parse_error] Expecting property name")
 
 
 def test_tokenize_detokenize(server):
@@ -346,9 +348,13 @@ def test_api_key_and_cors(smol):
         assert call(s, "GET", "/v1/models", headers={"Authorization": "sk-one"}).status == 200
         assert call(s, "GET", "/v1/models", headers={"X-Api-Key": "sk-one"}).status == 200
         assert call(s, "GET", "/v1/models", headers={"Authorization": "Bearer nope"}).status == 401
+        # by default only loopback pages may call the server (llama-server echoes every Origin)
         r = call(s, "OPTIONS", "/v1/chat/completions", headers={"Origin": "http://example.org"})
+        assert r.status == 200 and "access-control-allow-origin" not in r.headers
+        assert "access-control-allow-credentials" not in r.headers
+        r = call(s, "OPTIONS", "/v1/chat/completions", headers={"Origin": "http://127.0.0.1:5173"})
         assert r.status == 200
-        assert r.headers["access-control-allow-origin"] == "http://example.org"
+        assert r.headers["access-control-allow-origin"] == "http://127.0.0.1:5173"
         assert r.headers["access-control-allow-credentials"] == "true"
         assert r.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
         assert r.headers["access-control-allow-headers"] == "*"
@@ -365,6 +371,21 @@ def test_cors_localhost_only(smol):
         r = call(s, "GET", "/health", headers={"Origin": "http://localhost:3000"})
         assert r.headers["access-control-allow-origin"] == "http://localhost:3000"
         r = call(s, "GET", "/health", headers={"Origin": "http://localhost.evil.com"})
+        assert "access-control-allow-origin" not in r.headers
+        r = call(s, "GET", "/health", headers={"Origin": "http://[::1"})  # not a URL: refused, not a 500
+        assert r.status == 200 and "access-control-allow-origin" not in r.headers
+
+
+def test_cors_any_origin_never_with_credentials_and_origin_lists(smol):
+    with live_server(smol, n_slots=1, n_ctx=256, cors_origins="*") as s:
+        r = call(s, "OPTIONS", "/v1/models", headers={"Origin": "http://example.org"})
+        assert r.headers["access-control-allow-origin"] == "*"
+        assert r.headers["access-control-allow-credentials"] == "false"
+    with live_server(smol, n_slots=1, n_ctx=256, cors_origins="https://a.example, https://b.example") as s:
+        r = call(s, "OPTIONS", "/v1/models", headers={"Origin": "https://b.example"})
+        assert r.headers["access-control-allow-origin"] == "https://b.example"
+        assert r.headers["access-control-allow-credentials"] == "true" and r.headers["vary"] == "Origin"
+        r = call(s, "OPTIONS", "/v1/models", headers={"Origin": "https://c.example"})
         assert "access-control-allow-origin" not in r.headers
 
 

@@ -15,8 +15,11 @@ computed once.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -42,6 +45,27 @@ Stack = tuple[int, ...]
 MAX_STACKS = 100_000  # a state with more live parses than this is refused (ambiguity explosion)
 _CHARSET = (CHAR, CHAR_NOT, CHAR_ANY)
 _TOKENS = (TOKEN, TOKEN_NOT)
+_budget = threading.local()
+
+
+@contextmanager
+def time_budget(seconds: float) -> Iterator[None]:
+    """Grammar work on this thread (expanding stacks, computing masks) raises ``GrammarError`` once it has taken
+    more than ``seconds``: a server compiles a request's grammar and its first mask under a budget, so that no
+    grammar can hold a worker for long. Other threads (the engine's) are not limited."""
+    _budget.deadline, _budget.seconds = time.monotonic() + seconds, seconds
+    try:
+        yield
+    finally:
+        _budget.deadline = None
+
+
+def check_budget() -> None:
+    """Raise ``GrammarError`` when this thread's ``time_budget`` is spent."""
+    deadline = getattr(_budget, "deadline", None)
+    if deadline is not None and time.monotonic() > deadline:
+        raise GrammarError(f"the grammar took more than the compile time budget of {_budget.seconds:g} s; "
+                           "simplify it (fewer alternatives or rules)")
 
 
 class CharSet:
@@ -222,6 +246,7 @@ class Grammar:
         out: list[Stack] = []
         todo = [stack]
         seen: set[Stack] = set()
+        check_budget()
         while todo:
             s = todo.pop()
             if s in seen:
@@ -729,6 +754,7 @@ class MaskEngine:
         flat, offsets, lens = tt.flat, tt.offsets, tt.lens
         while groups:
             nxt: dict = {}
+            check_budget()
             for key, (cfg, id_parts, col_parts) in groups.items():
                 ids = id_parts[0] if len(id_parts) == 1 else np.concatenate(id_parts)
                 cols = col_parts[0] if len(col_parts) == 1 else np.concatenate(col_parts)

@@ -10,12 +10,26 @@ cells, and with them its attention sums, are laid out the same whatever the othe
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
 
 class KVCacheFull(RuntimeError):
     """No free cells for a batch (and context shifting is off or not enough)."""
+
+
+def _memory_bytes(device: torch.device) -> int | None:
+    """The memory a cache could take on ``device``: the GPU's total, or this machine's physical memory."""
+    try:
+        if device.type == "cuda":
+            return int(torch.cuda.mem_get_info(device)[1])
+        if device.type == "cpu":
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError, RuntimeError, AttributeError):
+        pass
+    return None
 
 
 class KVCache:
@@ -30,8 +44,18 @@ class KVCache:
             raise ValueError(f"n_seq_max must be in [1, 256], got {n_seq_max}")
         self.size, self.n_seq_max = size, n_seq_max
         # ``spare`` cells past ``size`` are scratch space for padded rows (never allocated to tokens)
-        self.k = torch.zeros(n_layer, n_head_kv, size + spare, head_dim_k, dtype=dtype, device=device)
-        self.v = torch.zeros(n_layer, n_head_kv, size + spare, head_dim_v, dtype=dtype, device=device)
+        cells = n_layer * n_head_kv * (size + spare)
+        need = cells * (head_dim_k + head_dim_v) * torch.empty((), dtype=dtype).element_size()
+        have = _memory_bytes(torch.device(device))
+        if have is not None and need > have:
+            raise ValueError(f"a KV cache of {size} cells needs {need / 2**30:.1f} GiB, more than the "
+                             f"{have / 2**30:.1f} GiB of {torch.device(device).type} memory: use a smaller context")
+        try:
+            self.k = torch.zeros(n_layer, n_head_kv, size + spare, head_dim_k, dtype=dtype, device=device)
+            self.v = torch.zeros(n_layer, n_head_kv, size + spare, head_dim_v, dtype=dtype, device=device)
+        except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+            raise ValueError(f"a KV cache of {size} cells ({need / 2**30:.1f} GiB) cannot be allocated: "
+                             f"{str(e).splitlines()[0]}") from None
         self.pos = np.full(size, -1, dtype=np.int64)
         self.seq = np.zeros((size, n_seq_max), dtype=bool)
         self.shift = np.zeros(size, dtype=np.int64)

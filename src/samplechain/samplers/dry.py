@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 DEFAULT_SEQ_BREAKERS = ("\n", ":", '"', "*")
 _MAX_BREAKER_BYTES = 40
 _MAX_TAIL_TOKENS = 20
+_MAX_CACHED = 16  # breaker sets kept per vocabulary
 _FLOAT_MAX_LOG = F32(88.7228391)
 
 Breakers = dict[int, tuple[tuple[int, ...], ...]]  # head token -> tails (an empty tail: single-token breaker)
@@ -27,10 +28,12 @@ Breakers = dict[int, tuple[tuple[int, ...], ...]]  # head token -> tails (an emp
 
 def process_breakers(vocab: Vocab, breakers: Iterable[str]) -> Breakers:
     """llama.cpp's breaker preprocessing: every token that contains a breaker, or ends with a proper prefix
-    of one, becomes a head; its tail is the tokenization of the rest of the breaker. Cached per vocabulary."""
+    of one, becomes a head; its tail is the tokenization of the rest of the breaker. The last ``_MAX_CACHED`` sets
+    are cached per vocabulary."""
     key = tuple(breakers)
     cache = vocab._dry_cache
     if key in cache:
+        cache[key] = cache.pop(key)  # the most recently used last
         return cache[key]
     heads: dict[int, list[tuple[int, ...]]] = {}
     for breaker in key:
@@ -58,6 +61,8 @@ def process_breakers(vocab: Vocab, breakers: Iterable[str]) -> Breakers:
                 q = text.find(first, q + 1)
     result = {head: tuple(tails) for head, tails in heads.items()}
     cache[key] = result
+    while len(cache) > _MAX_CACHED:  # the oldest set goes: a server sees any number of breaker sets
+        cache.pop(next(iter(cache)))
     return result
 
 

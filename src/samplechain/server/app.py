@@ -7,10 +7,14 @@ events through a thread-safe hand-off into the request's asyncio queue.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -45,11 +49,13 @@ class ServerConfig:
     device: str = "cpu"
     kernel: str | None = None
     api_keys: tuple[str, ...] = ()
-    cors_origins: str = "*"
+    cors_origins: str = "localhost"  # loopback pages only; "*" any origin (without credentials), or a list
     cors_methods: str = "GET, POST, DELETE, OPTIONS"
     cors_headers: str = "*"
     cors_credentials: bool = True
-    timeout: int = 3600
+    timeout: int = 600  # seconds a request body may be silent, or a response's writes blocked (llama-server's)
+    head_timeout: float = 10.0  # seconds for a request's head to arrive in full (slowloris)
+    shutdown_grace: float = 10.0  # seconds running requests may finish after SIGTERM / SIGINT
     metrics: bool = False
     slots: bool = True
     props: bool = False
@@ -134,21 +140,30 @@ class Gate:
         self.app, self.state = app, state
 
     def cors(self, origin: str | None, preflight: bool) -> list[tuple[bytes, bytes]]:
+        """CORS headers: by default only loopback origins (a page on another site cannot drive a local server);
+        ``*`` allows every origin but never with credentials; otherwise the listed origins (comma-separated)."""
         c = self.state.config
-        headers = []
+        credentials = c.cors_credentials
+        value: str | None = None
         if c.cors_origins == "*":
-            value: str | None = origin or "" if c.cors_credentials else "*"
-        elif c.cors_origins == "localhost":
-            host = urlsplit(origin).hostname if origin else None
-            value = origin if host in ("localhost", "127.0.0.1", "::1") else None
-        else:
-            value = c.cors_origins
+            value, credentials = "*", False
+        elif origin is not None:
+            if c.cors_origins == "localhost":
+                try:
+                    host = urlsplit(origin).hostname
+                except ValueError:
+                    host = None
+                allowed = host in ("localhost", "127.0.0.1", "::1")
+            else:
+                allowed = origin in (o.strip() for o in c.cors_origins.split(","))
+            value = origin if allowed else None
+        headers = [(b"vary", b"Origin")] if c.cors_origins != "*" else []
         if value is not None:
-            headers.append((b"access-control-allow-origin", value.encode()))
-        if preflight:
-            headers += [(b"access-control-allow-credentials", b"true" if c.cors_credentials else b"false"),
-                        (b"access-control-allow-methods", c.cors_methods.encode()),
-                        (b"access-control-allow-headers", c.cors_headers.encode())]
+            headers.append((b"access-control-allow-origin", value.encode("latin-1")))
+            if preflight:
+                headers += [(b"access-control-allow-credentials", b"true" if credentials else b"false"),
+                            (b"access-control-allow-methods", c.cors_methods.encode()),
+                            (b"access-control-allow-headers", c.cors_headers.encode())]
         return headers
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
@@ -200,23 +215,47 @@ async def _error(send: Callable, e: APIError) -> None:
 # --- running tasks ----------------------------------------------------------------------------------------------
 
 
-class Run:
-    """The tasks of one request and the queue their events arrive in (from the engine thread)."""
+@dataclass
+class Job:
+    """One task of a request before it is submitted: its prompt, its parameters and its sampler."""
 
-    def __init__(self, engine: Engine) -> None:
+    tokens: list[int]
+    params: SamplingParams
+    sampler: Any
+
+
+class ClientGone(Exception):
+    """The client of a request disconnected while it waited: its tasks are cancelled."""
+
+
+DISCONNECT_POLL = 0.5  # seconds between two disconnect checks of a request that waits
+
+
+class Run:
+    """The tasks of one request and the queue their events arrive in (from the engine thread).
+
+    Events are read with ``next``: the read of the queue is one task that is never cancelled (a wait with a timeout
+    around a generator's ``anext`` closes the generator when it times out, and every later event is lost); beside
+    it, the client's connection is polled every ``DISCONNECT_POLL`` seconds, and a gone client cancels the tasks."""
+
+    def __init__(self, engine: Engine, is_disconnected: Callable[[], Awaitable[bool]]) -> None:
         self.engine = engine
+        self.is_disconnected = is_disconnected
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[tuple[int, dict[str, Any]]] = asyncio.Queue()
         self.tasks: list[Task] = []
+        self.backlog: deque[tuple[int, dict[str, Any]]] = deque()  # read while waiting for the slots, not yet used
+        self._read: asyncio.Future | None = None
+        self._next_poll = self.loop.time() + DISCONNECT_POLL  # when to check the client's connection next
 
-    def submit(self, tokens: list[int], params: SamplingParams, opts: Options, index: int) -> None:
+    def submit(self, job: Job, opts: Options, index: int) -> None:
         def emit(ev: dict[str, Any]) -> None:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, ev))
 
-        task = Task(tokens=tokens, params=params, emit=emit, n_predict=opts.n_predict, n_keep=opts.n_keep,
+        task = Task(tokens=job.tokens, params=job.params, emit=emit, n_predict=opts.n_predict, n_keep=opts.n_keep,
                     n_discard=opts.n_discard, stop=opts.stop, cache_prompt=opts.cache_prompt, id_slot=opts.id_slot,
                     n_indent=opts.n_indent, t_max_predict_ms=opts.t_max_predict_ms,
-                    return_progress=opts.return_progress and opts.stream)
+                    return_progress=opts.return_progress and opts.stream, sampler=job.sampler)
         self.tasks.append(task)
         self.engine.submit(task)
 
@@ -224,35 +263,81 @@ class Run:
         for t in self.tasks:
             if not t.cancelled.is_set():
                 self.engine.cancel(t)
+        if self._read is not None:
+            self._read.cancel()
+            self._read = None
+
+    async def next(self, watch: bool = True) -> tuple[int, dict[str, Any]]:
+        """The next event: the backlog's first, else the queue's (``receive``)."""
+        if self.backlog:
+            return self.backlog.popleft()
+        return await self.receive(watch)
+
+    async def receive(self, watch: bool = True) -> tuple[int, dict[str, Any]]:
+        """The queue's next event. With ``watch``, the client's connection is checked every ``DISCONNECT_POLL``
+        seconds, events or not: a client that is gone cancels the tasks and raises ``ClientGone`` (a stream
+        does not watch: its response is cancelled when the client leaves)."""
+        while True:
+            if self._read is None:
+                self._read = asyncio.ensure_future(self.queue.get())
+            timeout = max(self._next_poll - self.loop.time(), 0.0) if watch else None
+            done, _ = await asyncio.wait((self._read,), timeout=timeout)
+            if watch and self.loop.time() >= self._next_poll:
+                self._next_poll = self.loop.time() + DISCONNECT_POLL
+                if await self.is_disconnected():
+                    self.cancel()
+                    raise ClientGone
+            if done:
+                item = self._read.result()
+                self._read = None
+                return item
+
+    async def started(self) -> None:
+        """Wait until every task has a slot (or one failed): before that, no byte of a stream is sent, so a task
+        that cannot start is an HTTP error. Other events read meanwhile are kept, in order, for ``events``."""
+        begun: set[int] = set()
+        try:
+            while len(begun) < len(self.tasks):
+                index, ev = await self.receive()
+                if ev["type"] == "error":
+                    raise error_event(ev)
+                if ev["type"] == "begin":
+                    begun.add(index)
+                else:
+                    self.backlog.append((index, ev))
+        except BaseException:
+            self.cancel()
+            raise
 
     async def events(self) -> AsyncIterator[tuple[int, dict[str, Any]]]:
-        """Every event until each task has its final (or error) event."""
+        """Every event until each task has its final (or error) event. A task cut short (the server shutting
+        down) gives its final event, then its error."""
         open_tasks = len(self.tasks)
         while open_tasks:
-            index, ev = await self.queue.get()
+            index, ev = await self.next(watch=False)
+            if ev["type"] == "begin":
+                continue
+            if ev["type"] == "error" and ev.get("final") is not None:
+                yield index, ev["final"]
+                ev = {k: v for k, v in ev.items() if k != "final"}
             if ev["type"] in ("final", "error"):
                 open_tasks -= 1
             yield index, ev
 
-    async def finals(self, is_disconnected: Callable[[], Awaitable[bool]]) -> list[dict[str, Any]]:
-        """Wait for every final result (non-streaming), cancelling when the client goes away."""
+    async def finals(self) -> list[dict[str, Any]]:
+        """Wait for every final result (non-streaming); the client leaving cancels the tasks (``ClientGone``),
+        and so does an error (raised as the error it answers)."""
         finals: dict[int, dict[str, Any]] = {}
-        events = self.events()
-        while True:
-            try:
-                index, ev = await asyncio.wait_for(anext(events), 0.5)
-            except asyncio.TimeoutError:
-                if await is_disconnected():
-                    self.cancel()
-                    raise asyncio.CancelledError from None
-                continue
-            except StopAsyncIteration:
-                break
-            if ev["type"] == "error":
-                self.cancel()
-                raise error_event(ev)
-            if ev["type"] == "final":
-                finals[index] = ev
+        try:
+            while len(finals) < len(self.tasks):
+                index, ev = await self.next()
+                if ev["type"] == "error":
+                    raise error_event(ev)
+                if ev["type"] == "final":
+                    finals[index] = ev
+        except BaseException:
+            self.cancel()
+            raise
         return [finals[i] for i in sorted(finals)]
 
 
@@ -280,22 +365,27 @@ def create_app(state: ServerState) -> Any:
             return reply(APIError(405, "Method Not Allowed", "invalid_request_error").body(), 405)
         return reply(APIError(e.status_code, str(e.detail), "server_error").body(), e.status_code)
 
+    @app.exception_handler(ClientGone)
+    async def client_gone(_: Request, e: ClientGone) -> Response:
+        return Response(status_code=499)  # nobody reads it: the connection is closed
+
     @app.exception_handler(Exception)
     async def server_error(_: Request, e: Exception) -> Response:
         return reply(APIError(500, f"{type(e).__name__}: {e}", "server_error").body(), 500)
 
-    async def body_of(req: Request) -> dict[str, Any]:
-        return rq.json_object(await req.body())
+    body_of = rq.read_json
 
     def engine() -> Engine:
         assert state.engine is not None
         return state.engine
 
-    def sampling(body: dict[str, Any]) -> SamplingParams:
-        # out-of-vocabulary logit-bias ids are a 400 (llama-server skips them silently: spec/samplers P28)
-        params = rq.parse_sampling(body, config.defaults)
-        rq.check_constraint(params, state.model)
-        return params
+    def jobs(params: SamplingParams, opts: Options, prompts: list[list[int]]) -> list[Job]:
+        """Each prompt times each of the ``n`` choices, with its sampler, built here (off the event loop and the
+        engine thread): the grammar is compiled once, within its budget. Out-of-vocabulary logit-bias ids are a
+        400 (llama-server skips them silently: spec/samplers P28)."""
+        todo = [(p, choice_params(params, i)) for p in prompts for i in range(opts.n_cmpl)]
+        built = rq.samplers([q for _, q in todo], state.model)
+        return [Job(p, q, sampler) for (p, q), sampler in zip(todo, built, strict=True)]
 
     def check_fits(tokens: list[int]) -> None:
         n_ctx = engine().n_ctx_slot
@@ -311,26 +401,6 @@ def create_app(state: ServerState) -> Any:
         if i == 0 or params.seed == SamplingParams().seed:
             return params
         return replace(params, seed=(params.seed + i) & 0xFFFFFFFF)
-
-    async def start(run: Run, req: Request) -> None:
-        """Wait until every task has a slot (or failed): before that, no byte of the response is sent."""
-        begun: set[int] = set()
-        while len(begun) < len(run.tasks):
-            try:
-                index, ev = await asyncio.wait_for(run.queue.get(), 0.5)
-            except asyncio.TimeoutError:
-                if await req.is_disconnected():
-                    run.cancel()
-                    raise asyncio.CancelledError from None
-                continue
-            if ev["type"] == "error":
-                run.cancel()
-                raise error_event(ev)
-            if ev["type"] == "begin":
-                begun.add(index)
-            else:  # a token or final event came first (cannot happen before begin; keep it for the stream)
-                run.queue.put_nowait((index, ev))
-                break
 
     def streaming(gen: AsyncIterator[bytes], run: Run) -> StreamingResponse:
         async def body() -> AsyncIterator[bytes]:
@@ -378,7 +448,8 @@ def create_app(state: ServerState) -> Any:
         return reply({
             "default_generation_settings": {"params": rs.settings(config.defaults.params, opts),
                                             "n_ctx": engine().n_ctx_slot},
-            "total_slots": config.n_slots, "model_alias": state.model_id, "model_path": m.path,
+            "total_slots": config.n_slots, "model_alias": state.model_id,
+            "model_path": os.path.basename(m.path),  # the file's name: its folder is nobody's business
             "modalities": {"vision": False, "video": False, "audio": False},
             "endpoint_slots": config.slots, "endpoint_props": config.props, "endpoint_metrics": config.metrics,
             "chat_template": vocab.chat_template or "", "chat_template_caps": {}, "bos_token": text(vocab.bos),
@@ -403,10 +474,15 @@ def create_app(state: ServerState) -> Any:
         parse_special = body.get("parse_special", True)
         if not isinstance(add_special, bool) or not isinstance(parse_special, bool):
             raise bad_request("add_special and parse_special must be true or false")
+        parts = [content] if isinstance(content, str) else content if isinstance(content, list) else []
+        n_chars = sum(len(p) for p in parts if isinstance(p, str))
+        if n_chars > rq.MAX_TOKENIZE_CHARS:
+            raise bad_request(f"Field 'content': at most {rq.MAX_TOKENIZE_CHARS} characters, got {n_chars}")
         if isinstance(content, str):
-            tokens = state.model.tokenize(content, add_special=add_special, parse_special=parse_special)
+            tokens = await asyncio.to_thread(state.model.tokenize, content, add_special=add_special,
+                                             parse_special=parse_special)
         else:
-            tokens = rq.tokenize_mixed(state.model, content, add_special)
+            tokens = await asyncio.to_thread(rq.tokenize_mixed, state.model, content, add_special)
         if body.get("with_pieces"):
             pieces = []
             for t in tokens:
@@ -511,38 +587,37 @@ def create_app(state: ServerState) -> Any:
     # --- completions -----------------------------------------------------------------------------------------
 
     def prepare(body: dict[str, Any]) -> tuple[SamplingParams, Options]:
-        params = sampling(body)
+        params = rq.parse_sampling(body, config.defaults)
         opts = rq.parse_options(body, config.defaults, config.n_slots)
         return params, opts
 
-    def prepare_completion(body: dict[str, Any]) -> tuple[SamplingParams, Options, list[list[int]]]:
-        """A completion request's parameters and its prompts (each checked against a slot's context)."""
+    def prepare_completion(body: dict[str, Any]) -> tuple[SamplingParams, Options, list[Job]]:
+        """A completion request's parameters and its tasks (each prompt checked against a slot's context)."""
         try:
             params, opts = prepare(body)
-            prompts = rq.prompts(state.model, body)
+            prompts = rq.prompts(state.model, body, engine().n_ctx_slot, opts.n_cmpl)
         except ValueError as e:
             raise bad_request(str(e)) from None
         for p in prompts:
             check_fits(p)
-        return params, opts, prompts
+        return params, opts, jobs(params, opts, prompts)
 
     @app.post("/completion")
     @app.post("/completions")
     async def completion(req: Request) -> Response:
-        params, opts, prompts = await asyncio.to_thread(prepare_completion, await body_of(req))
-        run = Run(engine())
-        jobs = [(p, i) for p in prompts for i in range(opts.n_cmpl)]
-        for k, (p, i) in enumerate(jobs):
-            run.submit(p, choice_params(params, i), opts, k)
-        texts = [state.model.vocab.detokenize(p) for p, _ in jobs]
+        params, opts, todo = await asyncio.to_thread(prepare_completion, await body_of(req))
+        run = Run(engine(), req.is_disconnected)
+        for k, job in enumerate(todo):
+            run.submit(job, opts, k)
+        texts = [state.model.vocab.detokenize(job.tokens) for job in todo]
         eog = tuple(sorted(state.model.vocab.eog))
         model_id = state.model_id
         if not opts.stream:
-            finals = await run.finals(req.is_disconnected)
+            finals = await run.finals()
             outs = [rs.native_final(f, model=model_id, prompt_text=texts[k], params=params, opts=opts, eog=eog,
                                     index=k) for k, f in enumerate(finals)]
             return reply(outs[0] if len(outs) == 1 else outs)
-        await start(run, req)
+        await run.started()
 
         async def events() -> AsyncIterator[bytes]:
             async for index, ev in run.events():
@@ -560,16 +635,15 @@ def create_app(state: ServerState) -> Any:
 
     @app.post("/v1/completions")
     async def oai_completions(req: Request) -> Response:
-        params, opts, prompts = await asyncio.to_thread(prepare_completion, await body_of(req))
-        prompt = prompts[0]
-        run = Run(engine())
-        for i in range(opts.n_cmpl):
-            run.submit(prompt, choice_params(params, i), opts, i)
+        _, opts, todo = await asyncio.to_thread(prepare_completion, await body_of(req))
+        run = Run(engine(), req.is_disconnected)
+        for k, job in enumerate(todo[:opts.n_cmpl]):  # the first prompt's choices
+            run.submit(job, opts, k)
         cid, model_id = rs.completion_id(), state.model_id
         if not opts.stream:
-            finals = await run.finals(req.is_disconnected)
+            finals = await run.finals()
             return reply(rs.oai_completion(finals, cid, model_id))
-        await start(run, req)
+        await run.started()
         created = int(time.time())
 
         async def events() -> AsyncIterator[bytes]:
@@ -590,7 +664,7 @@ def create_app(state: ServerState) -> Any:
             yield b"data: [DONE]\n\n"
         return streaming(events(), run)
 
-    def prepare_chat(body: dict[str, Any]) -> tuple[SamplingParams, Options, list[int], str]:
+    def prepare_chat(body: dict[str, Any]) -> tuple[SamplingParams, Options, list[Job], str]:
         """A chat request's parameters, its prompt tokens (through the chat template) and the generation prompt."""
         try:
             text, generation_prompt = rq.chat_prompt(state.model, body)
@@ -604,27 +678,28 @@ def create_app(state: ServerState) -> Any:
             # a thinking budget from the request: the thinking block's tags, as the chat format gives them
             params = replace(params, reasoning_budget_start_tag=rs.ReasoningSplitter.START,
                              reasoning_budget_end_tags=(rs.ReasoningSplitter.END,))
-        tokens = rq.tokenize_mixed(state.model, text)
+        tokens = rq.tokenize_mixed(state.model, text, n_ctx=engine().n_ctx_slot)
         check_fits(tokens)
-        return params, opts, tokens, generation_prompt
+        return params, opts, jobs(params, opts, [tokens]), generation_prompt
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def chat_completions(req: Request) -> Response:
         body = await body_of(req)
         # templates, tokenizing and grammar compilation off the event loop: other streams keep flowing
-        params, opts, tokens, generation_prompt = await asyncio.to_thread(prepare_chat, body)
+        params, opts, todo, generation_prompt = await asyncio.to_thread(prepare_chat, body)
+        tokens = todo[0].tokens
         vocab = state.model.vocab
         reasoning_format = body.get("reasoning_format", "auto")
         thinking = reasoning_format != "none"
         started = generation_prompt.rstrip().endswith(rs.ReasoningSplitter.START)
         with_logprobs = params.n_probs > 0 and bool(body.get("logprobs"))
-        run = Run(engine())
-        for i in range(opts.n_cmpl):
-            run.submit(tokens, choice_params(params, i), opts, i)
+        run = Run(engine(), req.is_disconnected)
+        for k, job in enumerate(todo):
+            run.submit(job, opts, k)
         cid, model_id = rs.completion_id(), state.model_id
         if not opts.stream:
-            finals = await run.finals(req.is_disconnected)
+            finals = await run.finals()
             split = []
             for f in finals:
                 splitter = rs.ReasoningSplitter(thinking, started)
@@ -633,7 +708,7 @@ def create_app(state: ServerState) -> Any:
             if opts.verbose:
                 out["__verbose"] = {"prompt": vocab.detokenize(tokens), "content": finals[0]["content"]}
             return reply(out)
-        await start(run, req)
+        await run.started()
         created = int(time.time())
 
         async def events() -> AsyncIterator[bytes]:
@@ -690,18 +765,66 @@ def create_app(state: ServerState) -> Any:
     return app
 
 
+class HTTPServer:
+    """uvicorn serving the app with samplechain's connection limits and graceful shutdown.
+
+    On SIGTERM / SIGINT (or ``shutdown``): the listener closes, queued requests get a 503, running requests may
+    finish within ``shutdown_grace`` seconds, then each is cut with its final event and a 503 error; then the
+    process exits 0 (uvicorn's own handler re-raises the signal after its shutdown, which exits with -15). A
+    second signal quits at once."""
+
+    def __init__(self, state: ServerState, log_level: str, backlog: int = 2048) -> None:
+        import uvicorn
+
+        from samplechain.server.connection import timed
+
+        c = state.config
+        self.state = state
+        outer = self
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                if threading.current_thread() is not threading.main_thread():
+                    yield
+                    return
+                handled = (signal.SIGINT, signal.SIGTERM)
+                previous = {sig: signal.signal(sig, outer._on_signal) for sig in handled}
+                try:
+                    yield
+                finally:
+                    for sig, handler in previous.items():
+                        signal.signal(sig, handler)
+
+        self.server = Server(uvicorn.Config(
+            Gate(create_app(state), state), host=c.host, port=c.port, log_level=log_level, backlog=backlog,
+            http=timed(c.head_timeout, c.timeout), timeout_keep_alive=5, server_header=False,
+            timeout_graceful_shutdown=max(c.shutdown_grace, 0) + 2))
+
+    def _on_signal(self, sig: int, frame: Any) -> None:
+        if self.server.should_exit:
+            self.server.force_exit = True
+            return
+        self.shutdown()
+
+    def shutdown(self) -> Future | None:
+        """Stop accepting and drain the engine (see the class); the future is done once no task runs."""
+        done = None
+        if self.state.engine is not None:
+            done = self.state.engine.drain(max(self.state.config.shutdown_grace, 0))
+        self.server.should_exit = True
+        return done
+
+
 class BackgroundServer:
     """A server on a thread of this process (tests, notebooks, embedding): ``with start() as s: ... s.url``."""
 
     def __init__(self, config: ServerConfig, model: Any = None, log_level: str = "error") -> None:
-        import uvicorn
-
         self.state = ServerState(config)
         self.state.start(model)
         self.state.wait()
-        app = Gate(create_app(self.state), self.state)
-        self.server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
-                                                    timeout_keep_alive=5, server_header=False))
+        self.http = HTTPServer(self.state, log_level)
+        self.server = self.http.server
         self.thread = threading.Thread(target=self.server.run, name="samplechain-http", daemon=True)
         self.thread.start()
         deadline = time.time() + 60
@@ -716,6 +839,12 @@ class BackgroundServer:
     def close(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+        self.state.close()
+
+    def shutdown(self, timeout: float = 60) -> None:
+        """The graceful shutdown a signal starts (``HTTPServer.shutdown``), waited for."""
+        self.http.shutdown()
+        self.thread.join(timeout=timeout)
         self.state.close()
 
     def __enter__(self) -> BackgroundServer:
@@ -733,20 +862,16 @@ def start(model: Any = None, **config: Any) -> BackgroundServer:
 
 
 def serve(config: ServerConfig, log_level: str = "warning") -> int:
-    """Run the server until interrupted: the listener first (503 while the model loads), as llama-server. A model
-    that fails to load stops the server (exit status 1)."""
+    """Run the server until SIGTERM / SIGINT (exit status 0 after a graceful shutdown): the listener first (503
+    while the model loads), as llama-server. A model that fails to load stops the server (exit status 1)."""
     import sys
 
-    import uvicorn
-
     state = ServerState(config)
-    server = uvicorn.Server(uvicorn.Config(Gate(create_app(state), state), host=config.host, port=config.port,
-                                           log_level=log_level, timeout_keep_alive=5, server_header=False,
-                                           backlog=512))
+    http = HTTPServer(state, log_level, backlog=512)
 
     def failed() -> None:
         print(f"samplechain serve: error: {state.error}", file=sys.stderr)
-        server.should_exit = True
+        http.server.should_exit = True
 
     def report() -> None:
         if state.ready.wait() and state.model is not None:
@@ -756,12 +881,12 @@ def serve(config: ServerConfig, log_level: str = "warning") -> int:
     state.start(on_error=failed)
     threading.Thread(target=report, daemon=True).start()
     if config.cors_origins == "*" and not config.api_keys:
-        print("warning: CORS allows every origin and no API key is set; anyone who can reach this port can use "
-              "the model", file=sys.stderr)
+        print("warning: CORS allows every origin and no API key is set; any web page can use the model",
+              file=sys.stderr)
     print(f"samplechain serve: listening on http://{config.host}:{config.port} ({config.n_slots} slots)",
           file=sys.stderr)
     try:
-        server.run()
+        http.server.run()
     finally:
         state.close()
     return 1 if state.error is not None else 0

@@ -29,6 +29,8 @@ from samplechain.runtime.generation import Model
 
 LOGPROB_MIN = -3.4028234663852886e38  # log(0) is reported as the most negative float (spec/server.md §2.3)
 SLOT_PROMPT_SIMILARITY = 0.10
+SHUTTING_DOWN = {"type": "error", "code": 503, "message": "the server is shutting down",
+                 "error_type": "unavailable_error"}
 
 
 @dataclass
@@ -47,6 +49,7 @@ class Task:
     n_indent: int = 0
     t_max_predict_ms: float = -1.0
     return_progress: bool = False
+    sampler: CommonSampler | None = None  # built (grammar compiled) off the engine thread; else built at launch
     id: int = 0
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -102,7 +105,8 @@ class Slot:
         # entries need each position's own sampling step)
         self.spec = speculation() if speculation is not None and task.params.n_probs == 0 else None
         self.draft: list[int] = []
-        self.sampler = CommonSampler(task.params, model.vocab, n_vocab=model.config.n_vocab)
+        self.sampler = task.sampler or CommonSampler(task.params, model.vocab, n_vocab=model.config.n_vocab)
+        task.sampler = None  # the slot owns it now
         for tok in task.tokens:
             self.sampler.accept(tok, is_generated=False)
         self.prompt_pos = 0  # next prompt token to decode
@@ -146,7 +150,10 @@ class Engine:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._drain_deadline: float | None = None  # shutting down: running tasks are cut at this time
+        self._drained: Future | None = None
         self.metrics = Metrics()
+        self.step_hook: Callable[[], None] | None = None  # called before each forward (tests slow steps down)
 
     # --- the HTTP side ---------------------------------------------------------------------------
 
@@ -165,6 +172,30 @@ class Engine:
         self._inbox.put(None)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
+
+    def drain(self, grace: float) -> Future:
+        """Shut down gracefully: queued and new tasks end at once with a 503; running tasks may finish within
+        ``grace`` seconds, then each is cut (``_cut``). The future is done once no task runs."""
+        done: Future = Future()
+
+        def begin() -> None:
+            self._drain_deadline = time.perf_counter() + grace
+            self._drained = done
+            while self._deferred:
+                self._deferred.popleft().emit(dict(SHUTTING_DOWN))
+            self._check_drain()
+
+        self.call(begin)
+        return done
+
+    def _check_drain(self) -> None:
+        if self._drain_deadline is None:
+            return
+        if time.perf_counter() >= self._drain_deadline:
+            for s in self.slots:
+                self._cut(s)
+        if self._drained is not None and not self._drained.done() and not any(s.busy for s in self.slots):
+            self._drained.set_result(None)
 
     def submit(self, task: Task) -> Task:
         with self._lock:
@@ -206,7 +237,10 @@ class Engine:
                     item = self._inbox.get(block=block, timeout=None)
                     block = False
                     if isinstance(item, Task):
-                        self._deferred.append(item)
+                        if self._drain_deadline is None:
+                            self._deferred.append(item)
+                        elif not item.cancelled.is_set():
+                            item.emit(dict(SHUTTING_DOWN))
                     elif item is not None:  # a call (see call())
                         item()
             except queue.Empty:
@@ -221,6 +255,7 @@ class Engine:
                 for s in self.slots:
                     if s.busy:
                         self._fail(s, f"{type(e).__name__}: {e}")
+            self._check_drain()
 
     def _schedule(self) -> None:
         """Cancelled tasks leave; deferred tasks take idle slots, in order (spec/server.md §7.1)."""
@@ -318,6 +353,8 @@ class Engine:
                 rows.append((s, []))
         if not tokens:
             return
+        if self.step_hook is not None:
+            self.step_hook()
         t0 = time.perf_counter()
         logits = self.ctx.decode(tokens, positions=positions, seq_ids=seqs, outputs=outputs)
         elapsed = time.perf_counter() - t0
@@ -547,6 +584,13 @@ class Engine:
         task = s.task
         if task is None:
             return
+        final = self._final(s, stop_type, truncated)
+        self._release(s)  # first: a client that has its answer sees the slot idle
+        task.emit(final)
+
+    def _final(self, s: Slot, stop_type: str, truncated: bool = False) -> dict[str, Any]:
+        """The task's final event: its text, tokens, why it stopped and its timings."""
+        task = s.task
         tail = s.decoder.decode(b"", final=True)
         content = s.text + (tail if stop_type != "word" else "")
         probs = s.probs
@@ -554,12 +598,20 @@ class Engine:
             n_stop = len(self.vocab.tokenize(s.stopping_word, add_special=False))
             probs = probs[:max(len(probs) - n_stop, 0)]
         self.metrics.add_predicted(len(s.generated), s.timings.t_last - s.timings.t_first)
-        final = {"type": "final", "content": content, "tokens": list(s.generated), "stop_type": stop_type,
-                 "stopping_word": s.stopping_word, "truncated": truncated or s.truncated,
-                 "has_new_line": s.has_new_line, "n_prompt": len(task.tokens), "n_decoded": len(s.generated),
-                 "n_cached": s.timings.cache_n, "timings": s.timings.to_dict(), "probs": probs, "id_slot": s.id}
-        self._release(s)  # first: a client that has its answer sees the slot idle
-        task.emit(final)
+        return {"type": "final", "content": content, "tokens": list(s.generated), "stop_type": stop_type,
+                "stopping_word": s.stopping_word, "truncated": truncated or s.truncated,
+                "has_new_line": s.has_new_line, "n_prompt": len(task.tokens), "n_decoded": len(s.generated),
+                "n_cached": s.timings.cache_n, "timings": s.timings.to_dict(), "probs": probs, "id_slot": s.id}
+
+    def _cut(self, s: Slot) -> None:
+        """Shutdown past the grace period: the task ends where it is, with its final event (finish reason
+        "length") and then a 503 error, so that a stream has its finish reason and its client knows why."""
+        task = s.task
+        if task is None:
+            return
+        final = self._final(s, "limit")
+        self._release(s)
+        task.emit({**SHUTTING_DOWN, "final": final})
 
     def _fail(self, s: Slot, message: str) -> None:
         task = s.task

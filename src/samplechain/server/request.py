@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -10,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from samplechain.grammar import GrammarError
+from samplechain.grammar.engine import time_budget
 from samplechain.grammar.json_schema import server_response_schema
-from samplechain.params import SamplingParams
+from samplechain.params import CommonSampler, SamplingParams
 from samplechain.runtime.chat import starts_with_bos
 from samplechain.runtime.generation import Model
 from samplechain.server.sampling_fields import FieldError, parse_sampling_fields
@@ -40,17 +42,100 @@ def error_event(ev: Mapping[str, Any]) -> APIError:
     return APIError(ev["code"], ev["message"], ev["error_type"])
 
 
+# --- limits: a request's cost is bounded before its work starts (each breach is a 400 that names the limit) ------
+
+MAX_JSON_DEPTH = 64  # nesting of the request body (llama-server's parser has no limit; Python's recursion has)
+MAX_COMPLETIONS = 256  # prompts x n of one request
+MAX_STOP = 16  # stop strings per request, each of at most MAX_STOP_CHARS characters
+MAX_STOP_CHARS = 256
+MAX_DRY_BREAKERS = 32  # each breaker costs a pass over the vocabulary (llama.cpp truncates each to 40 bytes too)
+MAX_LOGIT_BIAS = 65536  # entries of logit_bias
+MAX_SCHEMA_NODES = 4096  # values (objects, arrays, scalars) in a json_schema
+MAX_ENUM = 1024  # values of one enum in a json_schema
+MAX_GRAMMAR_CHARS = 65536  # a grammar, given or converted from a schema
+COMPILE_BUDGET = 1.5  # seconds to compile a grammar and its first mask (grammar.time_budget)
+MAX_TOKENIZE_CHARS = 8 << 20  # /tokenize's content
+
+
+def _parse_error(message: str) -> APIError:
+    return APIError(400, f"[json.exception.parse_error] {message}")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def json_object(raw: bytes) -> dict[str, Any]:
-    """A request body: a JSON object. Malformed JSON is a 500, as in llama-server (it parses before its 400s)."""
+    """A request body: a JSON object of strict JSON (no NaN or Infinity, UTF-8 text without lone surrogates),
+    nested at most ``MAX_JSON_DEPTH`` deep. Anything else is a 400 with llama-server's error body (llama-server
+    answers malformed JSON with a 500)."""
     if len(raw) > MAX_BODY:
         raise APIError(413, "Payload Too Large")
     try:
-        body = json.loads(raw or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise APIError(500, f"[json.exception.parse_error] {e}", "server_error") from None
+        body = json.loads(raw or b"{}", parse_constant=_reject_constant)
+    except RecursionError:
+        raise _parse_error(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep") from None
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise _parse_error(str(e)) from None
+    check_json(body)
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     return body
+
+
+async def read_json(req: Any) -> dict[str, Any]:
+    """A request's JSON body (``json_object``); a large one is parsed off the event loop."""
+    raw = await req.body()
+    return json_object(raw) if len(raw) < 1 << 16 else await asyncio.to_thread(json_object, raw)
+
+
+def check_json(value: Any) -> None:
+    """Depth and text checks of a parsed body, without recursion (one pass over its values)."""
+    todo: list[tuple[Any, int]] = [(value, 1)]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, str):
+            if not v.isascii():
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise _parse_error(f"invalid string: a lone UTF-16 surrogate (U+{ord(v[e.start]):04X}) "
+                                       "is not Unicode text") from None
+            continue
+        if isinstance(v, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                raise _parse_error(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep")
+            if isinstance(v, dict):
+                todo += ((k, depth) for k in v)
+                todo += ((x, depth + 1) for x in v.values())
+            else:
+                todo += ((x, depth + 1) for x in v)
+
+
+def check_schema(schema: Any) -> None:
+    """At most ``MAX_SCHEMA_NODES`` values and ``MAX_GRAMMAR_CHARS`` characters of text in a JSON schema, and
+    ``MAX_ENUM`` values in any one ``enum`` (the grammar it converts to grows with each)."""
+    todo, n, chars = [schema], 0, 0
+    while todo:
+        v = todo.pop()
+        n += 1
+        if isinstance(v, str):
+            chars += len(v)
+            if chars > MAX_GRAMMAR_CHARS:
+                raise bad_request(f"Field 'json_schema': the schema has more than {MAX_GRAMMAR_CHARS} characters "
+                                  "of text (limit MAX_GRAMMAR_CHARS)")
+        if n > MAX_SCHEMA_NODES:
+            raise bad_request(f"Field 'json_schema': the schema has more than {MAX_SCHEMA_NODES} values "
+                              "(limit MAX_SCHEMA_NODES)")
+        if isinstance(v, dict):
+            enum = v.get("enum")
+            if isinstance(enum, list) and len(enum) > MAX_ENUM:
+                raise bad_request(f"Field 'json_schema': an enum has {len(enum)} values, more than {MAX_ENUM} "
+                                  "(limit MAX_ENUM)")
+            todo += v.keys()
+            todo += v.values()
+        elif isinstance(v, list):
+            todo += v
 
 
 @dataclass
@@ -126,11 +211,18 @@ def parse_options(body: Mapping[str, Any], defaults: Defaults, n_slots: int) -> 
     if body.get("stop") is not None:
         raw = body["stop"]
         if isinstance(raw, str):
-            stop = (raw,)
-        elif isinstance(raw, list) and all(isinstance(s, str) for s in raw):
-            stop = tuple(s for s in raw if s) or defaults.stop
-        else:
+            raw = [raw]
+        if not isinstance(raw, list) or not all(isinstance(s, str) for s in raw):
             raise bad_request("Field 'stop': must be a string or an array of strings")
+        if len(raw) > MAX_STOP:
+            raise bad_request(f"Field 'stop': at most {MAX_STOP} stop strings, got {len(raw)}")
+        for word in raw:
+            if not word:
+                raise bad_request("Field 'stop': a stop string must not be empty")
+            if len(word) > MAX_STOP_CHARS:
+                raise bad_request(f"Field 'stop': a stop string has at most {MAX_STOP_CHARS} characters, "
+                                  f"got {len(word)}")
+        stop = tuple(raw) or defaults.stop
     fields = body.get("response_fields")
     if fields is not None and (not isinstance(fields, list) or not all(isinstance(f, str) for f in fields)):
         raise bad_request("Field 'response_fields': must be an array of strings")
@@ -165,7 +257,18 @@ def parse_sampling(body: Mapping[str, Any], defaults: Defaults, n_vocab: int | N
     if body.get("json_schema") is not None and body.get("grammar") is not None:
         raise bad_request("Cannot use both json_schema and grammar")
     if body.get("json_schema") is not None:
+        check_schema(body["json_schema"])
         body = {**body, "json_schema": server_response_schema(body["json_schema"])}
+    grammar = body.get("grammar")
+    if isinstance(grammar, str) and len(grammar) > MAX_GRAMMAR_CHARS:
+        raise bad_request(f"Field 'grammar': at most {MAX_GRAMMAR_CHARS} characters, got {len(grammar)} "
+                          "(limit MAX_GRAMMAR_CHARS)")
+    breakers = body.get("dry_sequence_breakers")
+    if isinstance(breakers, list) and len(breakers) > MAX_DRY_BREAKERS:
+        raise bad_request(f"Field 'dry_sequence_breakers': at most {MAX_DRY_BREAKERS} breakers, got {len(breakers)}")
+    bias = body.get("logit_bias")
+    if isinstance(bias, (list, dict)) and len(bias) > MAX_LOGIT_BIAS:
+        raise bad_request(f"Field 'logit_bias': at most {MAX_LOGIT_BIAS} entries, got {len(bias)}")
     try:
         params = parse_sampling_fields(body, defaults.params, n_vocab=n_vocab)
     except FieldError as e:
@@ -178,22 +281,50 @@ def parse_sampling(body: Mapping[str, Any], defaults: Defaults, n_vocab: int | N
 def check_constraint(params: SamplingParams, model: Model) -> None:
     """Refuse what the sampler cannot be built from (a bad grammar or schema, a logit bias outside the vocabulary)
     with a 400 before the task starts (llama-server fails at sampler init)."""
-    from samplechain.params import CommonSampler
+    samplers([params], model)
 
+
+def samplers(params: Sequence[SamplingParams], model: Model) -> list[CommonSampler]:
+    """A request's samplers, one per task (``params``, which differ only in their seeds), built off the engine
+    thread: the grammar is compiled once, with its first mask, within ``COMPILE_BUDGET`` seconds, and every
+    other task gets a clone (they share its mask cache). A sampler that cannot be built is a 400."""
+    vocab, n_vocab = model.vocab, model.config.n_vocab
     try:
-        CommonSampler(params, model.vocab, n_vocab=model.config.n_vocab)
-    except (GrammarError, ValueError) as e:
+        with time_budget(COMPILE_BUDGET):
+            first = CommonSampler(params[0], vocab, n_vocab=n_vocab)
+            if first.grammar is not None:
+                first.grammar.mask()
+    except (GrammarError, ValueError, RecursionError) as e:
         raise bad_request(f"Failed to initialize samplers: {e}") from None
+    grammar = first.grammar
+    return [first, *(CommonSampler(p, vocab, n_vocab=n_vocab, grammar=None if grammar is None else grammar.clone())
+                     for p in params[1:])]
+
+
+def max_prompt_chars(model: Model, n_ctx: int) -> int:
+    """More characters than this cannot fit in ``n_ctx`` tokens (a token's text has at most the longest piece's
+    bytes; twice that for tokenizers that normalise): a longer prompt is refused before it is tokenized."""
+    return 2 * max(model.vocab.max_piece_bytes, 1) * n_ctx
 
 
 # --- prompts ---------------------------------------------------------------------------------------------------
 
 
-def tokenize_mixed(model: Model, prompt: Any, add_special: bool = True) -> list[int]:
-    """One prompt: a string, or an array of token ids and strings (each string tokenized, specials parsed)."""
+def check_length(model: Model, text: str, n_ctx: int | None) -> None:
+    """A text too long for ``n_ctx`` tokens is refused before it is tokenized (``max_prompt_chars``)."""
+    if n_ctx is not None and len(text) > max_prompt_chars(model, n_ctx):
+        raise APIError(400, f"request ({len(text)} characters) exceeds the available context size ({n_ctx} tokens), "
+                       "try increasing it", "exceed_context_size_error", n_ctx=n_ctx)
+
+
+def tokenize_mixed(model: Model, prompt: Any, add_special: bool = True, n_ctx: int | None = None) -> list[int]:
+    """One prompt: a string, or an array of token ids and strings (each string tokenized, specials parsed).
+    With ``n_ctx``, a prompt whose text cannot fit is refused before it is tokenized."""
     if isinstance(prompt, str):
+        check_length(model, prompt, n_ctx)
         return model.tokenize(prompt, add_special=add_special and not starts_with_bos(model.vocab, prompt))
     if isinstance(prompt, list):
+        check_length(model, "".join(p for p in prompt if isinstance(p, str)), n_ctx)
         out: list[int] = []
         for i, part in enumerate(prompt):
             if isinstance(part, bool):
@@ -210,8 +341,9 @@ def tokenize_mixed(model: Model, prompt: Any, add_special: bool = True) -> list[
     raise bad_request("\"prompt\" must be a string, an array of tokens, or an array of prompts")
 
 
-def prompts(model: Model, body: Mapping[str, Any]) -> list[list[int]]:
-    """The prompts of a native or legacy completion: one, or several (an array of strings / token arrays)."""
+def prompts(model: Model, body: Mapping[str, Any], n_ctx: int | None = None, n_each: int = 1) -> list[list[int]]:
+    """The prompts of a native or legacy completion: one, or several (an array of strings / token arrays). At
+    most ``MAX_COMPLETIONS`` tasks (prompts x ``n_each``), counted before anything is tokenized."""
     prompt = body.get("prompt")
     if prompt is None:
         raise bad_request("\"prompt\" is required")
@@ -219,11 +351,15 @@ def prompts(model: Model, body: Mapping[str, Any]) -> list[list[int]]:
         if prompt.get("multimodal_data"):
             raise bad_request("multimodal data is not supported by this model")
         prompt = prompt.get("prompt_string", "")
-    if isinstance(prompt, list) and prompt and any(isinstance(p, (list, Mapping)) for p in prompt):
-        return [tokenize_mixed(model, p.get("prompt_string", "") if isinstance(p, Mapping) else p) for p in prompt]
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt) and len(prompt) > 1:
-        return [tokenize_mixed(model, p) for p in prompt]
-    return [tokenize_mixed(model, prompt)]
+    several = isinstance(prompt, list) and prompt and (
+        any(isinstance(p, (list, Mapping)) for p in prompt) or (all(isinstance(p, str) for p in prompt)
+                                                                and len(prompt) > 1))
+    parts = prompt if several else [prompt]
+    if len(parts) * n_each > MAX_COMPLETIONS:
+        raise bad_request(f"Field 'prompt': a request may start at most {MAX_COMPLETIONS} completions (prompts x n), "
+                          f"got {len(parts)} x {n_each}")
+    return [tokenize_mixed(model, p.get("prompt_string", "") if isinstance(p, Mapping) else p, n_ctx=n_ctx)
+            for p in parts]
 
 
 # --- chat ------------------------------------------------------------------------------------------------------

@@ -54,10 +54,10 @@ def add_routes(app: Any, state: Any) -> None:
 
     @app.post("/sampling/trace")
     async def sampling_trace(req: Request) -> Response:
-        body = await _body(req)
+        body = await rq.read_json(req)
         model, engine = state.model, state.engine
-        try:
-            tokens, params = _prompt_and_params(state, body)
+        try:  # templates, tokenizing and the grammar's check off the event loop
+            tokens, params = await asyncio.to_thread(_prompt_and_params, state, body)
             n_top = rq._int(body, ("n_top",), 10, 1, MAX_N_TOP)
             steps = rq._int(body, ("steps",), 1, 1, MAX_STEPS)
             generated = _token_ids(body.get("generated"), model.config.n_vocab)
@@ -93,11 +93,6 @@ def _assets() -> frozenset[str]:
     return frozenset(p.name for p in STATIC_DIR.iterdir() if p.suffix in _TYPES)
 
 
-async def _body(req: Request) -> dict[str, Any]:
-    """The JSON body, read as the completion routes read theirs."""
-    return rq.json_object(await req.body())
-
-
 def _prompt_and_params(state: Any, body: dict[str, Any]) -> tuple[list[int], Any]:
     """The prompt's tokens (``prompt`` as in /completion, or ``messages`` as in /v1/chat/completions) and the
     sampling parameters over the server's defaults; bad fields raise the server's 400s."""
@@ -111,9 +106,10 @@ def _prompt_and_params(state: Any, body: dict[str, Any]) -> tuple[list[int], Any
         fields = {**body, **rq.response_format(body)}
         if generation_prompt and "generation_prompt" not in body:
             fields["generation_prompt"] = generation_prompt
+        rq.check_length(model, text, state.engine.n_ctx_slot)
         tokens = model.tokenize(text, add_special=not starts_with_bos(model.vocab, text))
     else:
-        prompts = rq.prompts(model, body)
+        prompts = rq.prompts(model, body, state.engine.n_ctx_slot)
         if len(prompts) != 1:
             raise bad_request("a trace takes one prompt")
         tokens, fields = prompts[0], body

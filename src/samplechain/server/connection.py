@@ -1,0 +1,78 @@
+"""Connection timeouts for the HTTP server: uvicorn's h11 protocol with the limits a public listener needs.
+
+uvicorn closes a keep-alive connection idle for 5 s between requests, but nothing else: a client that sends a
+request head one byte at a time (slowloris), a body that never ends or a reader that never reads holds its
+connection, and with it a task, for ever. This protocol closes a connection whose request head is not complete
+``head_timeout`` seconds after it started waiting for one, whose body is silent for ``io_timeout`` seconds, or
+whose writes stay blocked (the client reads nothing) for ``io_timeout`` seconds (``--timeout``, llama-server's
+read/write timeout). Any cancelled response then cancels its tasks, as a client that left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+TICK = 0.5  # seconds between two checks of a connection's clocks
+
+
+class TimedH11Protocol(H11Protocol):
+    """``H11Protocol`` with a request-head deadline and read / write timeouts (class attributes, see ``timed``)."""
+
+    head_timeout = 10.0
+    io_timeout = 600.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        now = self.loop.time()
+        self._waiting_since = now  # waiting for a request head since
+        self._last_read = now
+        self._paused_since: float | None = None
+        self._watch_handle: asyncio.TimerHandle | None = self.loop.call_later(TICK, self._watch)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._watch_handle is not None:
+            self._watch_handle.cancel()
+            self._watch_handle = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_read = self.loop.time()
+        super().data_received(data)
+
+    def on_response_complete(self) -> None:
+        self._waiting_since = self.loop.time()
+        super().on_response_complete()
+
+    def pause_writing(self) -> None:
+        self._paused_since = self.loop.time()
+        super().pause_writing()
+
+    def resume_writing(self) -> None:
+        self._paused_since = None
+        super().resume_writing()
+
+    def _watch(self) -> None:
+        self._watch_handle = None
+        if self.transport.is_closing():
+            return
+        now = self.loop.time()
+        their = self.conn.their_state
+        if their is h11.IDLE and now - self._waiting_since > self.head_timeout:
+            self.transport.close()  # no complete request head in time (a response in progress keeps its state)
+            return
+        if their is h11.SEND_BODY and now - self._last_read > self.io_timeout:
+            self.transport.close()
+            return
+        if self._paused_since is not None and now - self._paused_since > self.io_timeout:
+            self.transport.abort()  # its buffered writes would never drain
+            return
+        self._watch_handle = self.loop.call_later(TICK, self._watch)
+
+
+def timed(head_timeout: float, io_timeout: float) -> Any:
+    """The protocol class for one server's limits (uvicorn takes a class for ``http``)."""
+    return type("TimedH11Protocol", (TimedH11Protocol,), {"head_timeout": head_timeout, "io_timeout": io_timeout})

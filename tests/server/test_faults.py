@@ -1,0 +1,392 @@
+"""The server under faults, as a client meets them: requests that wait (more requests than slots, slow steps, long
+prompts), clients that leave, bad and oversized input, slow connections, and shutdown. Every request completes
+with the text it gives alone, or is refused with a 4xx, or is cancelled; none is answered 500 or empty."""
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from tests.server.conftest import call, live_server
+
+from samplechain.server import request as rq
+from samplechain.server.app import BackgroundServer, ServerConfig
+
+CHAT = [{"role": "user", "content": "Name three colours."}]
+SLOW_STEP = 0.15  # seconds added to every forward: with 2 slots, a queued request waits well past 0.5 s
+
+
+@pytest.fixture(scope="module")
+def small(smol):
+    """2 slots of 256 cells: most tests here send more requests than that."""
+    with live_server(smol, n_slots=2, n_ctx=512, head_timeout=1.0, timeout=2) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def slow_steps(server, seconds: float = SLOW_STEP):
+    engine = server.state.engine
+    engine.step_hook = lambda: time.sleep(seconds)
+    try:
+        yield
+    finally:
+        engine.step_hook = None
+
+
+def idle(server, timeout: float = 10.0) -> bool:
+    """Whether every slot is idle within ``timeout`` seconds (and nothing is queued)."""
+    engine = server.state.engine
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not any(s.busy for s in engine.slots) and engine.n_deferred == 0:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def text_of(path: str, body: dict, reply) -> list[str]:
+    """The generated text of each choice, from a non-streaming or streaming reply."""
+    assert reply.status == 200, reply.body
+    if not body.get("stream"):
+        r = reply.json()
+        if path == "/completion":
+            return [x["content"] for x in (r if isinstance(r, list) else [r])]
+        if path == "/v1/completions":
+            return [c["text"] for c in sorted(r["choices"], key=lambda c: c["index"])]
+        return [c["message"]["content"] for c in sorted(r["choices"], key=lambda c: c["index"])]
+    events = [e for e in reply.events() if e != "[DONE]"]
+    assert events and all("error" not in e for e in events), events
+    out: dict[int, str] = {}
+    for e in events:
+        if path == "/completion":
+            out[e.get("index", 0)] = out.get(e.get("index", 0), "") + e["content"]
+        for c in e.get("choices", []):
+            piece = c.get("text") if path == "/v1/completions" else (c.get("delta") or {}).get("content")
+            out[c["index"]] = out.get(c["index"], "") + (piece or "")
+    return [out[i] for i in sorted(out)]
+
+
+def requests() -> list[tuple[str, dict]]:
+    """A mix of the three generation routes, streaming and not, n > 1, with a longer prompt among them."""
+    long_prompt = "Once upon a time, in a quiet town by the sea, " * 8
+    out = []
+    for k in range(12):
+        stream = k % 2 == 1
+        if k % 3 == 0:
+            out.append(("/completion", {"prompt": long_prompt if k == 6 else f"Story {k}:", "n_predict": 6,
+                                        "seed": k, "stream": stream}))
+        elif k % 3 == 1:
+            out.append(("/v1/completions", {"prompt": f"List {k}:", "max_tokens": 6, "seed": k, "stream": stream,
+                                            "n": 2 if k == 4 else 1}))
+        else:
+            out.append(("/v1/chat/completions", {"messages": CHAT, "max_tokens": 6, "seed": k, "stream": stream,
+                                                 "n": 2 if k == 5 else 1}))
+    return out
+
+
+def test_requests_that_wait_get_the_text_they_get_alone(small):
+    """12 requests on 2 slots, each step slowed: most wait seconds for a slot, none is lost (a 0.5 s wait once
+    closed the event generator of a non-streaming request: 200 with [] or 500 IndexError)."""
+    todo = requests()
+    alone = [text_of(path, body, call(small, "POST", path, body)) for path, body in todo]
+    assert all(t and all(isinstance(x, str) for x in t) for t in alone)
+    with slow_steps(small), ThreadPoolExecutor(len(todo)) as pool:
+        t0 = time.time()
+        replies = list(pool.map(lambda pb: call(small, "POST", *pb), todo))
+        assert time.time() - t0 > 1.0  # the requests did wait
+    assert [text_of(path, body, r) for (path, body), r in zip(todo, replies, strict=True)] == alone
+    assert idle(small)
+
+
+def test_one_request_alone_on_a_slow_step(small):
+    with slow_steps(small, 0.6):  # every step longer than the old 0.5 s wait
+        r = call(small, "POST", "/v1/chat/completions", {"messages": CHAT, "max_tokens": 3, "seed": 1})
+    assert r.status == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+    assert r.json()["usage"]["completion_tokens"] == 3
+
+
+def _open(server, path: str, body: dict) -> socket.socket:
+    """Send a request and return the socket without reading the answer."""
+    data = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return sock
+
+
+def test_a_gone_non_streaming_client_cancels_its_tasks_and_its_queued_tasks_never_start(small):
+    engine = small.state.engine
+    long = {"prompt": "Count:", "n_predict": 200, "ignore_eos": True, "seed": 1}
+    with slow_steps(small, 0.05):
+        busy = [_open(small, "/completion", {**long, "stream": True}) for _ in range(2)]
+        deadline = time.time() + 10
+        while not all(s.busy for s in engine.slots) and time.time() < deadline:
+            time.sleep(0.02)
+        served = sum(s.n_served for s in engine.slots)
+        queued = _open(small, "/completion", long)  # waits for a slot
+        time.sleep(0.3)
+        assert engine.n_deferred == 1
+        queued.close()  # gone while queued
+        time.sleep(1.0)  # one disconnect poll
+        for s in busy:
+            s.close()
+        assert idle(small)
+        # the two streams ran (and were cut); the queued task never took a slot
+        assert sum(s.n_served for s in engine.slots) == served + 2
+        running = _open(small, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 200, "seed": 2})
+        deadline = time.time() + 10
+        while not any(s.busy for s in engine.slots) and time.time() < deadline:
+            time.sleep(0.02)
+        running.close()  # gone while it generates: cancelled at the next poll, not run to max_tokens
+        assert idle(small, 3.0)
+    assert all(s.last_task["n_decoded"] < 200 for s in engine.slots)
+
+
+# --- bad input: a 4xx with llama-server's error body, quickly, never a 500 --------------------------------------
+
+DEEP = 10_000
+BAD = [
+    ("/completion", b"[" * DEEP + b"]" * DEEP, 400, "nested more than 64 levels"),
+    ("/completion", ('{"prompt": "x", "a": ' + "[" * 100 + "]" * 100 + "}").encode(), 400, "nested more than 64"),
+    ("/completion", b"{not json", 400, "[json.exception.parse_error]"),
+    ("/completion", b'{"prompt": "\xff\xfe"}', 400, "[json.exception.parse_error]"),
+    ("/completion", b'{"prompt": NaN}', 400, "[json.exception.parse_error] NaN is not JSON"),
+    ("/tokenize", b'{"content": "\\ud800x"}', 400, "lone UTF-16 surrogate (U+D800)"),
+    ("/completion", b'{"prompt": "\\udfff"}', 400, "lone UTF-16 surrogate (U+DFFF)"),
+]
+
+
+@pytest.mark.parametrize("path, raw, status, message", BAD)
+def test_bad_bodies_are_400(small, path, raw, status, message):
+    t0 = time.time()
+    r = call(small, "POST", path, raw=raw)
+    assert time.time() - t0 < 2.0
+    assert r.status == status, r.body
+    err = r.json()["error"]
+    assert err["code"] == status and err["type"] == "invalid_request_error" and message in err["message"], err
+
+
+BAD_FIELDS = [
+    ({"json_schema": {"enum": list(range(100_000))}}, "Field 'json_schema': an enum has 100000 values, more than 1024"),
+    ({"json_schema": {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(3000)}}},
+     "Field 'json_schema': the schema has more than 4096 values"),
+    ({"json_schema": {"enum": [f"v{i}" for i in range(2000)]}}, "an enum has 2000 values, more than 1024"),
+    ({"json_schema": {"enum": ["x" * 70_000]}}, "more than 65536 characters of text (limit MAX_GRAMMAR_CHARS)"),
+    ({"grammar": "root ::= " + " | ".join(f'"w{i}"' for i in range(20_000))},
+     "Field 'grammar': at most 65536 characters"),
+    ({"dry_multiplier": 0.8, "dry_sequence_breakers": ["x" * 1000] * 10_000},
+     "Field 'dry_sequence_breakers': at most 32 breakers, got 10000"),
+    ({"logit_bias": {"-1": 1}}, "Field 'logit_bias': logit_bias token id must be >= 0, got -1"),
+    ({"logit_bias": {"15": "lots"}}, "Field 'logit_bias': logit_bias of 15 must be a number, got 'lots'"),
+    ({"logit_bias": 7}, "Field 'logit_bias': logit_bias must be a list of [token, bias] pairs or an object"),
+    ({"logit_bias": [[49152, 1]]}, "49152"),
+    ({"stop": ""}, "Field 'stop': a stop string must not be empty"),
+    ({"stop": ["a", ""]}, "Field 'stop': a stop string must not be empty"),
+    ({"stop": ["s"] * 17}, "Field 'stop': at most 16 stop strings, got 17"),
+    ({"stop": "x" * 300}, "Field 'stop': a stop string has at most 256 characters, got 300"),
+]
+
+
+@pytest.mark.parametrize("route", ["/completion", "/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("fields, message", BAD_FIELDS)
+def test_costly_or_malformed_fields_are_400_within_2_s(small, route, fields, message):
+    base = {"messages": CHAT} if route == "/v1/chat/completions" else {"prompt": "Hi"}
+    for stream in (False, True):
+        t0 = time.time()
+        r = call(small, "POST", route, {**base, **fields, "n_predict": 2, "stream": stream})
+        assert time.time() - t0 < 2.0
+        assert r.status == 400, r.body[:300]
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and message in err["message"], err["message"][:300]
+    assert idle(small, 1.0)
+
+
+@pytest.mark.parametrize("route", ["/completion", "/v1/completions", "/v1/chat/completions"])
+def test_a_schema_800_deep_is_400(small, route):
+    schema = '{"type": "object", "properties": {"a": ' * 800 + '{"type": "string"}' + "}}" * 800
+    base = '"messages": [{"role": "user", "content": "Hi"}]' if route == "/v1/chat/completions" else '"prompt": "Hi"'
+    r = call(small, "POST", route, raw=f'{{{base}, "json_schema": {schema}}}'.encode())
+    assert r.status == 400
+    assert r.json()["error"]["message"] == ("[json.exception.parse_error] the request body is nested more than 64 "
+                                            "levels deep")
+
+
+def test_too_many_prompts_and_too_long_prompts(small):
+    r = call(small, "POST", "/completion", {"prompt": ["p"] * 2000, "n_predict": 1})
+    assert r.status == 400
+    assert r.json()["error"]["message"] == ("Field 'prompt': a request may start at most 256 completions "
+                                            "(prompts x n), got 2000 x 1")
+    n = rq.max_prompt_chars(small.state.model, 256) + 1
+    t0 = time.time()
+    r = call(small, "POST", "/completion", {"prompt": "a" * n, "n_predict": 1})
+    assert time.time() - t0 < 2.0 and r.status == 400
+    err = r.json()["error"]
+    assert err["type"] == "exceed_context_size_error" and err["n_ctx"] == 256
+    assert err["message"].startswith(f"request ({n} characters) exceeds the available context size (256 tokens)")
+    r = call(small, "POST", "/tokenize", {"content": "a" * (rq.MAX_TOKENIZE_CHARS + 1)})
+    assert r.status == 400 and r.json()["error"]["message"].startswith("Field 'content': at most")
+
+
+def test_a_grammar_over_its_compile_budget_is_400(small, monkeypatch):
+    grammar = "root ::= " + " | ".join(f'"w{i}"' for i in range(3000))  # within the size limit, ~1 s of work
+    monkeypatch.setattr(rq, "COMPILE_BUDGET", 0.01)
+    r = call(small, "POST", "/completion", {"prompt": "Hi", "grammar": grammar, "n_predict": 2})
+    assert r.status == 400
+    assert "the grammar took more than the compile time budget of 0.01 s" in r.json()["error"]["message"]
+    monkeypatch.setattr(rq, "COMPILE_BUDGET", 30.0)
+    r = call(small, "POST", "/completion", {"prompt": "Hi", "grammar": grammar, "n_predict": 2, "temperature": 0})
+    assert r.status == 200 and r.json()["content"].startswith("w")
+
+
+def test_the_compiled_grammar_is_shared_by_the_choices(small):
+    body = {"messages": CHAT, "max_tokens": 8, "seed": 3, "n": 2,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": {"enum": ["red", "green", "blue"]}}}}
+    r = call(small, "POST", "/v1/chat/completions", body)
+    assert r.status == 200
+    assert {c["message"]["content"] for c in r.json()["choices"]} <= {'"red"', '"green"', '"blue"'}
+
+
+# --- slow connections ------------------------------------------------------------------------------------------
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(1024):
+            pass
+        return True
+    except (TimeoutError, socket.timeout):
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_slow_request_heads_and_silent_bodies_are_closed(small):
+    """head_timeout 1 s, timeout 2 s on this server: a request head that trickles in (slowloris), a connection
+    that sends nothing, and a body that stops are closed; a prompt client is served meanwhile."""
+    heads = []
+    for _ in range(16):
+        s = socket.create_connection(("127.0.0.1", small.port))
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        heads.append(s)
+    silent = socket.create_connection(("127.0.0.1", small.port))
+    body = socket.create_connection(("127.0.0.1", small.port))
+    body.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\"")
+    assert call(small, "GET", "/health").status == 200
+    for s in heads[:4]:  # a byte at a time does not keep a head alive past its deadline
+        s.sendall(b"X")
+    t0 = time.time()
+    assert all(_closed_within(s, 3.0) for s in heads)
+    assert _closed_within(silent, 3.0)
+    assert _closed_within(body, 4.0)
+    assert time.time() - t0 < 6.0
+    for s in [*heads, silent, body]:
+        s.close()
+
+
+# --- shutdown --------------------------------------------------------------------------------------------------
+
+
+def _stream(server, body: dict, out: dict, key: str) -> None:
+    r = call(server, "POST", "/v1/chat/completions", {**body, "stream": True})
+    out[key] = r
+
+
+def test_shutdown_finishes_running_streams_within_the_grace_and_cuts_the_rest(smol):
+    server = BackgroundServer(ServerConfig(port=0, n_slots=2, n_ctx=512, shutdown_grace=1.0), smol)
+    try:
+        engine = server.state.engine
+        engine.step_hook = lambda: time.sleep(0.02)
+        out: dict = {}
+        long = {"messages": CHAT, "max_tokens": 400, "ignore_eos": True, "seed": 1}
+        short = {"messages": CHAT, "max_tokens": 4, "seed": 2}
+        threads = [threading.Thread(target=_stream, args=(server, long, out, "long"))]
+        threads[0].start()
+        while not any(x.busy for x in engine.slots):
+            time.sleep(0.01)
+        threads.append(threading.Thread(target=_stream, args=(server, short, out, "short")))
+        threads.append(threading.Thread(target=_stream, args=(server, long, out, "queued")))
+        threads[1].start()
+        time.sleep(0.05)
+        threads[2].start()
+        while engine.n_deferred == 0:
+            time.sleep(0.01)
+        t0 = time.time()
+        server.shutdown()
+        assert time.time() - t0 < 1.0 + 2.0
+        for t in threads:
+            t.join(5)
+    finally:
+        server.close()
+    # the short stream finished normally within the grace period
+    events = out["short"].events()
+    assert events[-1] == "[DONE]" and [e for e in events if e != "[DONE]" and "error" in e] == []
+    # the long one was cut at the end of the grace period: its finish reason, then the error
+    events = out["long"].events()
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+    assert events[-1] == {"error": {"code": 503, "message": "the server is shutting down",
+                                    "type": "unavailable_error"}}
+    # the queued one never started: its answer is the error
+    assert out["queued"].status == 503
+    assert out["queued"].json()["error"]["message"] == "the server is shutting down"
+
+
+def test_sigterm_exits_0_within_the_grace_and_every_client_gets_a_final_event(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "samplechain", "serve", "--port", str(port), "-np", "2",
+                             "-c", "4096", "--shutdown-grace", "2"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        class Server:
+            pass
+
+        server = Server()
+        server.port = port
+        deadline = time.time() + 120
+        while True:
+            try:
+                if call(server, "GET", "/health").status == 200:
+                    break
+            except OSError:
+                pass
+            assert time.time() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        out: dict = {}
+        long = {"messages": CHAT, "max_tokens": 5000, "ignore_eos": True, "seed": 1}
+        threads = [threading.Thread(target=_stream, args=(server, long, out, f"s{i}")) for i in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        t0 = time.time()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=15)
+        elapsed = time.time() - t0
+        for t in threads:
+            t.join(5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        stderr = proc.stderr.read()
+    assert rc == 0, stderr[-2000:]
+    assert elapsed < 2 + 2, elapsed
+    assert "Traceback" not in stderr and "CancelledError" not in stderr, stderr[-2000:]
+    finished = 0
+    for key in ("s0", "s1", "s2"):
+        r = out[key]
+        if r.status == 503:  # queued when the signal came
+            assert r.json()["error"]["message"] == "the server is shutting down"
+            continue
+        events = r.events()
+        assert events[-2]["choices"][0]["finish_reason"] == "length" and events[-1]["error"]["code"] == 503
+        finished += 1
+    assert finished == 2
