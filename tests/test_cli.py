@@ -100,12 +100,26 @@ def test_n_probs_prints_each_tokens_top_probabilities(capsys):
     (["generate", "--temp", "nan"], "--temp/--temperature: must be a number, got nan"),
     (["generate", "--top-p", "abc"], "--top-p: expected a number"),
     (["generate", "--n-probs", "-1"], "--n-probs: must be >= 0"),
+    (["generate", "-p", "Hi", "-b", "0"], "-b/--batch-size must be positive, got 0"),
+    (["generate", "-p", "Hi", "-b", "-1"], "-b/--batch-size must be positive, got -1"),
+    (["generate", "-p", "Hi", "--prompt-cache", "/nonexistent/folder/cache.bin"],
+     "--prompt-cache: the folder /nonexistent/folder does not exist"),
+    (["serve", "-b", "0"], "-b/--batch-size must be positive, got 0"),
+    (["serve", "--timeout", "0"], "--timeout: must be >= 1, got 0"),
+    (["serve", "--shutdown-grace", "-1"], "--shutdown-grace: must be >= 0, got -1"),
 ])
 def test_bad_values_are_one_line_usage_errors(args, message, capsys):
     with pytest.raises(SystemExit) as e:
         main(args)
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and message in err and "usage:" in err
+
+
+def test_a_context_larger_than_memory_is_one_line(capsys):
+    assert main(["generate", "-p", "Hi", "-n", "2", "-c", "1000000000000"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: a KV cache of 1000000000000 cells needs ")
+    assert "GiB of cpu memory: use a smaller context" in err
 
 
 def test_gpu_layers_flag_is_accepted_with_a_note(capsys):

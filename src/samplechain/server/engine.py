@@ -177,9 +177,10 @@ class Engine:
         """Shut down gracefully: queued and new tasks end at once with a 503; running tasks may finish within
         ``grace`` seconds, then each is cut (``_cut``). The future is done once no task runs."""
         done: Future = Future()
+        deadline = time.perf_counter() + grace  # from now: the engine may be inside a long step
 
         def begin() -> None:
-            self._drain_deadline = time.perf_counter() + grace
+            self._drain_deadline = deadline
             self._drained = done
             while self._deferred:
                 self._deferred.popleft().emit(dict(SHUTTING_DOWN))
