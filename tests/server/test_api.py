@@ -25,7 +25,7 @@ def test_health_models_props(server):
     assert props["total_slots"] == 4
     assert props["default_generation_settings"]["n_ctx"] == 256
     assert props["default_generation_settings"]["params"]["top_k"] == 40
-    assert props["model_path"].endswith(".gguf")
+    assert props["model_path"].endswith(".gguf") and "/" not in props["model_path"]  # the name, not where it is
     assert props["build_info"].startswith("b")
 
 

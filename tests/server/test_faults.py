@@ -394,3 +394,27 @@ def test_sigterm_exits_0_within_the_grace_and_every_client_gets_a_final_event(tm
         assert events[-2]["choices"][0]["finish_reason"] == "length" and events[-1]["error"]["code"] == 503
         finished += 1
     assert finished == 2
+
+
+def test_a_chunked_body_past_the_limit_is_413(small, monkeypatch):
+    monkeypatch.setattr(rq, "MAX_BODY", 1 << 20)  # the limit applies to what is read, Content-Length or not
+    sock = socket.create_connection(("127.0.0.1", small.port))
+    sock.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Transfer-Encoding: chunked\r\n\r\n")
+    chunk = b'{"prompt": "' + b"a" * (64 << 10)
+    try:
+        for _ in range(17):  # just past 1 MiB: the server reads it all, so no unread byte resets the connection
+            sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            chunk = b"a" * (64 << 10)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the server answered and closed before the rest
+    sock.settimeout(10)
+    answer = b""
+    while b'"type":"invalid_request_error"}}' not in answer:
+        data = sock.recv(4096)
+        if not data:
+            break
+        answer += data
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 413 ")
+    assert b'"message":"Payload Too Large"' in answer

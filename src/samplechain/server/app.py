@@ -199,7 +199,11 @@ class Gate:
         if length is not None and length.isdigit() and int(length) > MAX_BODY:
             await _error(send_with, APIError(413, "Payload Too Large", "invalid_request_error"))
             return
-        await self.app(scope, receive, send_with)
+        try:
+            await self.app(scope, receive, send_with)
+        finally:
+            if scope.get(rq.LARGE_BODY_KEY):
+                await asyncio.to_thread(rq.release_memory)
 
 
 async def _plain(send: Callable, status: int, body: bytes, ctype: bytes) -> None:
@@ -511,7 +515,7 @@ def create_app(state: ServerState) -> Any:
     async def apply_template(req: Request) -> Response:
         body = await body_of(req)
         try:
-            prompt, _ = rq.chat_prompt(state.model, body)
+            prompt, _ = await asyncio.to_thread(rq.chat_prompt, state.model, body)
         except ValueError as e:
             raise bad_request(str(e)) from None
         return reply({"prompt": prompt})
@@ -667,7 +671,7 @@ def create_app(state: ServerState) -> Any:
     def prepare_chat(body: dict[str, Any]) -> tuple[SamplingParams, Options, list[Job], str]:
         """A chat request's parameters, its prompt tokens (through the chat template) and the generation prompt."""
         try:
-            text, generation_prompt = rq.chat_prompt(state.model, body)
+            text, generation_prompt = rq.chat_prompt(state.model, body, engine().n_ctx_slot)
             fields = {**body, **rq.response_format(body), **rq.chat_logprobs(body)}
             if generation_prompt and "generation_prompt" not in body:
                 fields["generation_prompt"] = generation_prompt

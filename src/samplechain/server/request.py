@@ -84,9 +84,42 @@ def json_object(raw: bytes) -> dict[str, Any]:
 
 
 async def read_json(req: Any) -> dict[str, Any]:
-    """A request's JSON body (``json_object``); a large one is parsed off the event loop."""
-    raw = await req.body()
-    return json_object(raw) if len(raw) < 1 << 16 else await asyncio.to_thread(json_object, raw)
+    """A request's JSON body (``json_object``), read up to ``MAX_BODY`` bytes whatever its Content-Length says
+    (a chunked upload has none); a large one is parsed off the event loop."""
+    chunks, size = [], 0
+    async for chunk in req.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise APIError(413, "Payload Too Large")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if len(raw) < 1 << 16:
+        return json_object(raw)
+    if len(raw) >= LARGE_BODY:
+        req.scope[LARGE_BODY_KEY] = True  # the Gate gives the memory back once the request is done
+    return await asyncio.to_thread(json_object, raw)
+
+
+LARGE_BODY = 1 << 20
+LARGE_BODY_KEY = "samplechain.large_body"
+
+
+def release_memory() -> None:
+    """Give freed heap memory back to the system (glibc's ``malloc_trim``; nothing elsewhere): a request with a
+    large body leaves its freed pages in the allocator's arenas, and the server's RSS would ratchet up."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            import ctypes
+
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim: Any = None
 
 
 def check_json(value: Any) -> None:
@@ -406,9 +439,11 @@ def chat_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
     return out
 
 
-def chat_prompt(model: Model, body: Mapping[str, Any]) -> tuple[str, str]:
-    """The rendered prompt and the generation prompt it ends with (the assistant header, or a prefilled message)."""
+def chat_prompt(model: Model, body: Mapping[str, Any], n_ctx: int | None = None) -> tuple[str, str]:
+    """The rendered prompt and the generation prompt it ends with (the assistant header, or a prefilled message).
+    With ``n_ctx``, messages whose text cannot fit are refused before the template renders them."""
     messages = chat_messages(body)
+    check_length(model, "".join(m["content"] for m in messages), n_ctx)
     add_gen = body.get("add_generation_prompt", True)
     cont = body.get("continue_final_message", False)
     if not isinstance(add_gen, bool) or not isinstance(cont, bool):

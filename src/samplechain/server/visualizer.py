@@ -102,7 +102,7 @@ def _prompt_and_params(state: Any, body: dict[str, Any]) -> tuple[list[int], Any
             raise bad_request("use one of \"prompt\" and \"messages\"")
         from samplechain.runtime.chat import starts_with_bos
 
-        text, generation_prompt = rq.chat_prompt(model, body)
+        text, generation_prompt = rq.chat_prompt(model, body, state.engine.n_ctx_slot)
         fields = {**body, **rq.response_format(body)}
         if generation_prompt and "generation_prompt" not in body:
             fields["generation_prompt"] = generation_prompt
