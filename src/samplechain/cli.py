@@ -9,24 +9,12 @@ from collections.abc import Iterable, Sequence
 from typing import NoReturn
 
 from samplechain.param_specs import cli_non_negative_int as _non_negative_int
+from samplechain.param_specs import cli_non_negative_number as _non_negative_float
 from samplechain.param_specs import cli_number as _number
+from samplechain.param_specs import cli_positive_int as _positive_int
 from samplechain.param_specs import declarations
 from samplechain.param_specs import unescape as _unescape
 from samplechain.params import SamplingParams
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = _number(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
 
 
 class _Parser(argparse.ArgumentParser):

@@ -214,11 +214,22 @@ def cli_budget(text: str) -> int:
     return value
 
 
-def cli_non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+def _at_least(value: float, minimum: float, text: str) -> Any:
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
     return value
+
+
+def cli_non_negative_int(text: str) -> int:
+    return _at_least(int(text), 0, text)
+
+
+def cli_positive_int(text: str) -> int:
+    return _at_least(int(text), 1, text)
+
+
+def cli_non_negative_number(text: str) -> float:
+    return _at_least(cli_number(text), 0, text)
 
 
 def cli_logit_bias(text: str) -> tuple[int, float]:

@@ -299,19 +299,7 @@ class Run:
     async def started(self) -> None:
         """Wait until every task has a slot (or one failed): before that, no byte of a stream is sent, so a task
         that cannot start is an HTTP error. Other events read meanwhile are kept, in order, for ``events``."""
-        begun: set[int] = set()
-        try:
-            while len(begun) < len(self.tasks):
-                index, ev = await self.receive()
-                if ev["type"] == "error":
-                    raise error_event(ev)
-                if ev["type"] == "begin":
-                    begun.add(index)
-                else:
-                    self.backlog.append((index, ev))
-        except BaseException:
-            self.cancel()
-            raise
+        await self._gather("begin", keep=True)
 
     async def events(self) -> AsyncIterator[tuple[int, dict[str, Any]]]:
         """Every event until each task has its final (or error) event. A task cut short (the server shutting
@@ -331,18 +319,26 @@ class Run:
     async def finals(self) -> list[dict[str, Any]]:
         """Wait for every final result (non-streaming); the client leaving cancels the tasks (``ClientGone``),
         and so does an error (raised as the error it answers)."""
-        finals: dict[int, dict[str, Any]] = {}
+        finals = await self._gather("final", keep=False)
+        return [finals[i] for i in sorted(finals)]
+
+    async def _gather(self, kind: str, keep: bool) -> dict[int, dict[str, Any]]:
+        """Read until every task has sent a ``kind`` event; an error raises (and cancels the tasks); other events
+        go to the backlog when ``keep``."""
+        got: dict[int, dict[str, Any]] = {}
         try:
-            while len(finals) < len(self.tasks):
-                index, ev = await self.next()
+            while len(got) < len(self.tasks):
+                index, ev = await self.receive()
                 if ev["type"] == "error":
                     raise error_event(ev)
-                if ev["type"] == "final":
-                    finals[index] = ev
+                if ev["type"] == kind:
+                    got[index] = ev
+                elif keep:
+                    self.backlog.append((index, ev))
         except BaseException:
             self.cancel()
             raise
-        return [finals[i] for i in sorted(finals)]
+        return got
 
 
 def sse(obj: Any) -> bytes:
