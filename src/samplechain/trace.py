@@ -277,7 +277,8 @@ class TraceContext:
 
 
 def trace(model: Model, tokens: Sequence[int], params: SamplingParams | None = None, *, n_top: int = 10,
-          steps: int = 1, generated: Sequence[int] = (), context: TraceContext | None = None) -> Trace:
+          steps: int = 1, generated: Sequence[int] = (), context: TraceContext | None = None,
+          sampler: CommonSampler | None = None) -> Trace:
     """Trace ``steps`` sampling steps after the prompt ``tokens``: each selected token is appended and decoded
     before the next step, as a generation does; it stops early at an end-of-generation token.
 
@@ -285,6 +286,8 @@ def trace(model: Model, tokens: Sequence[int], params: SamplingParams | None = N
     so a trace of N steps selects the tokens a generation of N tokens with the same parameters selects.
     ``generated``: tokens already chosen after the prompt (e.g. by earlier traces), accepted as generated (the
     grammar, the reasoning budget and the penalties see them; random draws start again from the seed).
+    ``sampler``: a fresh ``CommonSampler`` of ``params``, already built (the server builds it off the engine
+    thread, with the grammar compiled within its budget).
     """
     params = params or SamplingParams()
     steps = check_int("steps", steps, minimum=1)
@@ -296,7 +299,8 @@ def trace(model: Model, tokens: Sequence[int], params: SamplingParams | None = N
     for t in (*tokens, *generated):
         if not 0 <= t < n_vocab:
             raise ValueError(f"token id {t} is not in [0, {n_vocab})")
-    sampler = CommonSampler(params, model.vocab, n_vocab=n_vocab)
+    if sampler is None:
+        sampler = CommonSampler(params, model.vocab, n_vocab=n_vocab)
     for t in tokens:
         sampler.accept(t, is_generated=False)
     for t in generated:

@@ -13,6 +13,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import h11
 import pytest
 from tests.server.conftest import call, live_server
 
@@ -159,6 +160,8 @@ BAD = [
     ("/completion", b'{"prompt": "\xff\xfe"}', 400, "[json.exception.parse_error]"),
     ("/completion", b'{"prompt": NaN}', 400, "[json.exception.parse_error] NaN is not JSON"),
     ("/tokenize", b'{"content": "\\ud800x"}', 400, "lone UTF-16 surrogate (U+D800)"),
+    ("/completion", b'{"prompt": "x", "temperature": 1e400}', 400, "the number 1e400 is out of range"),
+    ("/completion", b'{"prompt": "x", "t_max_predict_ms": ' + b"9" * 400 + b"}", 400, "is out of range"),
     ("/completion", b'{"prompt": "\\udfff"}', 400, "lone UTF-16 surrogate (U+DFFF)"),
 ]
 
@@ -191,6 +194,10 @@ BAD_FIELDS = [
     ({"stop": ["a", ""]}, "Field 'stop': a stop string must not be empty"),
     ({"stop": ["s"] * 17}, "Field 'stop': at most 16 stop strings, got 17"),
     ({"stop": "x" * 300}, "Field 'stop': a stop string has at most 256 characters, got 300"),
+    ({"logit_bias": [["x" * 70_000, 1]]}, "Field 'logit_bias': at most 65536 characters of text, got 70000"),
+    ({"generation_prompt": "x" * 70_000}, "Field 'generation_prompt': at most 65536 characters of text"),
+    ({"grammar_lazy": True, "grammar": 'root ::= "a"', "grammar_triggers": [{"type": 1, "value": "ab"}] * 17},
+     "Field 'grammar_triggers': at most 16 triggers, got 17"),
 ]
 
 
@@ -216,6 +223,41 @@ def test_a_schema_800_deep_is_400(small, route):
     assert r.status == 400
     assert r.json()["error"]["message"] == ("[json.exception.parse_error] the request body is nested more than 64 "
                                             "levels deep")
+
+
+def test_too_many_messages(small):
+    r = call(small, "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": ""}] * 5000})
+    assert r.status == 400
+    assert r.json()["error"]["message"] == "Field 'messages': at most 4096 messages, got 5000"
+
+
+def test_a_stream_starts_before_every_task_has_a_slot(small):
+    """3 prompts on 2 slots: the stream starts with the first tokens, and the third prompt's task runs after."""
+    with slow_steps(small, 0.05):
+        r = call(small, "POST", "/completion", {"prompt": ["One", "Two", "Three"], "n_predict": 4, "seed": 1,
+                                                "stream": True})
+    events = r.events()
+    finals = sorted(e["index"] for e in events if e["stop"])
+    assert r.status == 200 and finals == [0, 1, 2]
+    assert all(len([e for e in events if e["index"] == i and not e["stop"]]) == 4 for i in range(3))
+
+
+def test_a_page_of_another_site_cannot_use_the_server(small):
+    """Without a preflight (a text/plain POST), a foreign page's request would still start work: it is a 403.
+    The server's own page (same origin, whatever its address) and loopback pages are served."""
+    body = json.dumps({"prompt": "Hi", "n_predict": 1}).encode()
+    r = call(small, "POST", "/completion", raw=body, headers={"Origin": "https://evil.example",
+                                                            "Content-Type": "text/plain"})
+    assert r.status == 403
+    assert r.json()["error"] == {"code": 403, "message": "Origin 'https://evil.example' is not allowed (see "
+                                 "--cors-origins)", "type": "permission_error"}
+    assert call(small, "POST", "/completion", raw=body, headers={"Origin": "http://localhost:3000"}).status == 200
+    same = f"http://127.0.0.1:{small.port}"
+    assert call(small, "POST", "/completion", raw=body, headers={"Origin": same}).status == 200
+    r = call(small, "POST", "/completion", raw=body, headers={"Origin": "http://192.168.1.5:8080",
+                                                            "Host": "192.168.1.5:8080"})
+    assert r.status == 200  # its own page, reached over the network
+    assert call(small, "GET", "/health", headers={"Origin": "https://evil.example"}).status == 200
 
 
 def test_too_many_prompts_and_too_long_prompts(small):
@@ -418,3 +460,122 @@ def test_a_chunked_body_past_the_limit_is_413(small, monkeypatch):
     sock.close()
     assert answer.startswith(b"HTTP/1.1 413 ")
     assert b'"message":"Payload Too Large"' in answer
+
+
+class _Clock:
+    """A loop that only keeps time and timers, for the connection watchdog."""
+
+    def __init__(self) -> None:
+        self.now, self.timers = 0.0, []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_later(self, delay, callback):
+        timer = [self.now + delay, callback, False]
+        self.timers.append(timer)
+
+        class Handle:
+            def cancel(self) -> None:
+                timer[2] = True
+        return Handle()
+
+    def create_task(self, coro):  # the request's app never runs here
+        coro.close()
+
+        class Task:
+            def add_done_callback(self, callback) -> None:
+                pass
+        return Task()
+
+    def advance(self, seconds: float) -> None:
+        end = self.now + seconds
+        while True:
+            due = [t for t in self.timers if not t[2] and t[0] <= end]
+            if not due:
+                break
+            timer = min(due, key=lambda t: t[0])
+            timer[2] = True
+            self.now = timer[0]
+            timer[1]()
+        self.now = end
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.closed = self.aborted = False
+
+    def get_extra_info(self, name, default=None):
+        return default
+
+    def is_closing(self) -> bool:
+        return self.closed or self.aborted
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def write(self, data) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def _connection(head_timeout: float = 10.0, io_timeout: float = 600.0):
+    import uvicorn
+    from uvicorn.server import ServerState as UvicornState
+
+    from samplechain.server.connection import timed
+
+    async def app(scope, receive, send):
+        pass
+
+    clock, transport = _Clock(), _Transport()
+    protocol = timed(head_timeout, io_timeout)(config=uvicorn.Config(app, log_level="error"),
+                                               server_state=UvicornState(), app_state={}, _loop=clock)
+    protocol.connection_made(transport)
+    return clock, transport, protocol
+
+
+def test_a_client_that_reads_nothing_is_cut_after_the_write_timeout():
+    clock, transport, protocol = _connection(io_timeout=5.0)
+    protocol.data_received(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")  # a request in progress: no head deadline
+    clock.advance(20.0)
+    assert not transport.is_closing()
+    protocol.pause_writing()  # the client stopped reading: the transport's buffer is full
+    clock.advance(4.0)
+    protocol.resume_writing()  # it read again in time
+    clock.advance(4.0)
+    assert not transport.is_closing()
+    protocol.pause_writing()
+    clock.advance(6.0)
+    assert transport.aborted  # its buffered writes would never drain
+
+
+def test_the_watchdog_clocks():
+    clock, transport, protocol = _connection(head_timeout=3.0)
+    clock.advance(2.5)
+    protocol.data_received(b"GET /health HTTP/1.1\r\n")  # a byte now and then does not reset the head deadline
+    clock.advance(1.0)
+    assert transport.closed
+    clock, transport, protocol = _connection(head_timeout=3.0, io_timeout=5.0)
+    protocol.data_received(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{")
+    clock.advance(3.0)
+    protocol.data_received(b'"a')  # a body that trickles in has io_timeout seconds in all
+    clock.advance(1.5)
+    assert not transport.is_closing()
+    clock.advance(1.5)
+    assert transport.closed
+    clock, transport, protocol = _connection(head_timeout=3.0, io_timeout=5.0)
+    protocol.data_received(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: 13\r\n\r\n{")
+    clock.advance(1.0)
+    protocol.data_received(b'"prompt": 1}')  # complete: the request is being answered, no clock runs
+    assert protocol.conn.their_state is h11.DONE
+    clock.advance(60.0)
+    assert not transport.is_closing()

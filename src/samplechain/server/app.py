@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from samplechain.params import SamplingParams
 from samplechain.server import request as rq
@@ -172,7 +173,9 @@ class Gate:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         method, path = scope["method"], scope["path"]
-        extra = [*self.cors(headers.get("origin"), method == "OPTIONS"), (b"server", b"samplechain")]
+        origin = headers.get("origin")
+        cors = self.cors(origin, method == "OPTIONS")
+        extra = [*cors, (b"server", b"samplechain")]
 
         async def send_with(message: dict) -> None:
             if message["type"] == "http.response.start":
@@ -181,6 +184,12 @@ class Gate:
 
         if method == "OPTIONS":
             await _plain(send_with, 200, b"", b"text/html")
+            return
+        if (origin is not None and not any(k == b"access-control-allow-origin" for k, _ in cors)
+                and not _same_origin(origin, headers.get("host")) and path not in PUBLIC_PATHS):
+            # a page of another site: without a preflight (a text/plain POST) it could still start work here
+            await _error(send_with, APIError(403, f"Origin {origin!r} is not allowed (see --cors-origins)",
+                                             "permission_error"))
             return
         if not self.state.ready.is_set():
             message = "Loading model" if self.state.error is None else f"Model failed to load: {self.state.error}"
@@ -204,6 +213,14 @@ class Gate:
         finally:
             if scope.get(rq.LARGE_BODY_KEY):
                 await asyncio.to_thread(rq.release_memory)
+
+
+def _same_origin(origin: str, host: str | None) -> bool:
+    """Whether a page's origin is this server itself (its own page, whatever address it was reached by)."""
+    try:
+        return host is not None and urlsplit(origin).netloc.lower() == host.lower()
+    except ValueError:
+        return False
 
 
 async def _plain(send: Callable, status: int, body: bytes, ctype: bytes) -> None:
@@ -297,8 +314,9 @@ class Run:
                 return item
 
     async def started(self) -> None:
-        """Wait until every task has a slot (or one failed): before that, no byte of a stream is sent, so a task
-        that cannot start is an HTTP error. Other events read meanwhile are kept, in order, for ``events``."""
+        """Wait until every task has a slot, one failed, or one has generated: before that, no byte of a stream
+        is sent, so a task that cannot start is an HTTP error. The events read are kept, in order, for
+        ``events``."""
         await self._gather("begin", keep=True)
 
     async def events(self) -> AsyncIterator[tuple[int, dict[str, Any]]]:
@@ -333,8 +351,9 @@ class Run:
                     raise error_event(ev)
                 if ev["type"] == kind:
                     got[index] = ev
-                elif keep:
+                elif keep:  # a task is generating: the stream starts (the others may still wait for a slot)
                     self.backlog.append((index, ev))
+                    break
         except BaseException:
             self.cancel()
             raise
@@ -366,7 +385,8 @@ def create_app(state: ServerState) -> Any:
         return reply(APIError(e.status_code, str(e.detail), "server_error").body(), e.status_code)
 
     @app.exception_handler(ClientGone)
-    async def client_gone(_: Request, e: ClientGone) -> Response:
+    @app.exception_handler(ClientDisconnect)  # gone while sending its body
+    async def client_gone(_: Request, e: Exception) -> Response:
         return Response(status_code=499)  # nobody reads it: the connection is closed
 
     @app.exception_handler(Exception)
@@ -780,6 +800,7 @@ class HTTPServer:
 
         c = state.config
         self.state = state
+        self.signalled = False
         outer = self
 
         class Server(uvicorn.Server):
@@ -799,14 +820,18 @@ class HTTPServer:
         self.server = Server(uvicorn.Config(
             Gate(create_app(state), state), host=c.host, port=c.port, log_level=log_level, backlog=backlog,
             http=timed(c.head_timeout, c.timeout), timeout_keep_alive=5, server_header=False,
-            timeout_graceful_shutdown=max(c.shutdown_grace, 0) + 2))
+            # a backstop only: the engine cuts every task at the end of the grace period (after its step)
+            timeout_graceful_shutdown=max(c.shutdown_grace, 0) + 30))
 
     def _on_signal(self, sig: int, frame: Any) -> None:
+        """On the main thread, between two bytecodes: it may have interrupted a ``queue.put`` there, so the
+        engine is told on a thread of its own (a lock taken here could never be released)."""
         self.signalled = True
         if self.server.should_exit:
             self.server.force_exit = True
             return
-        self.shutdown()
+        self.server.should_exit = True
+        threading.Thread(target=self.shutdown, name="samplechain-shutdown", daemon=True).start()
 
     def shutdown(self) -> Future | None:
         """Stop accepting and drain the engine (see the class); the future is done once no task runs."""

@@ -3,9 +3,10 @@
 uvicorn closes a keep-alive connection idle for 5 s between requests, but nothing else: a client that sends a
 request head one byte at a time (slowloris), a body that never ends or a reader that never reads holds its
 connection, and with it a task, for ever. This protocol closes a connection whose request head is not complete
-``head_timeout`` seconds after it started waiting for one, whose body is silent for ``io_timeout`` seconds, or
-whose writes stay blocked (the client reads nothing) for ``io_timeout`` seconds (``--timeout``, llama-server's
-read/write timeout). Any cancelled response then cancels its tasks, as a client that left.
+``head_timeout`` seconds after it started waiting for one, whose body is not complete ``io_timeout`` seconds
+after it started, whose writes stay blocked (the client reads nothing) for
+``io_timeout`` seconds (``--timeout``, llama-server's read/write timeout), or that was answered before its body
+ended. Any cancelled response then cancels its tasks, as a client that left.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ class TimedH11Protocol(H11Protocol):
         super().connection_made(transport)
         now = self.loop.time()
         self._waiting_since = now  # waiting for a request head since
-        self._last_read = now
         self._paused_since: float | None = None
+        self._body_since: float | None = None  # when the current request's body started
         self._watch_handle: asyncio.TimerHandle | None = self.loop.call_later(TICK, self._watch)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -39,13 +40,11 @@ class TimedH11Protocol(H11Protocol):
             self._watch_handle = None
         super().connection_lost(exc)
 
-    def data_received(self, data: bytes) -> None:
-        self._last_read = self.loop.time()
-        super().data_received(data)
-
     def on_response_complete(self) -> None:
         self._waiting_since = self.loop.time()
         super().on_response_complete()
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            self.transport.close()  # answered (a 401, a 413) before its body ended: nobody will read the rest
 
     def pause_writing(self) -> None:
         self._paused_since = self.loop.time()
@@ -64,8 +63,12 @@ class TimedH11Protocol(H11Protocol):
         if their is h11.IDLE and now - self._waiting_since > self.head_timeout:
             self.transport.close()  # no complete request head in time (a response in progress keeps its state)
             return
-        if their is h11.SEND_BODY and now - self._last_read > self.io_timeout:
-            self.transport.close()
+        if their is not h11.SEND_BODY:
+            self._body_since = None
+        elif self._body_since is None:
+            self._body_since = now
+        elif now - self._body_since > self.io_timeout:
+            self.transport.close()  # a body silent, or trickling in, for longer than the timeout
             return
         if self._paused_since is not None and now - self._paused_since > self.io_timeout:
             self.transport.abort()  # its buffered writes would never drain

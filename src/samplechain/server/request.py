@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -55,6 +56,11 @@ MAX_ENUM = 1024  # values of one enum in a json_schema
 MAX_GRAMMAR_CHARS = 65536  # a grammar, given or converted from a schema
 COMPILE_BUDGET = 1.5  # seconds to compile a grammar and its first mask (grammar.time_budget)
 MAX_TOKENIZE_CHARS = 8 << 20  # /tokenize's content
+MAX_TRIGGERS = 16  # grammar_triggers: their patterns are searched after every token
+MAX_FIELD_TEXT = 65536  # characters of text in each of TEXT_FIELDS
+TEXT_FIELDS = ("logit_bias", "grammar_triggers", "preserved_tokens", "generation_prompt", "reasoning_budget_start_tag",
+               "reasoning_budget_end_tags", "reasoning_budget_message", "dry_sequence_breakers", "samplers")
+MAX_MESSAGES = 4096  # chat messages per request
 
 
 def _parse_error(message: str) -> APIError:
@@ -65,6 +71,16 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:32]} is out of range")
+    return value
+
+
+INT_RANGE = (-(2**63), 2**64 - 1)  # JSON integers a 64-bit reader takes (larger ones would overflow floats)
+
+
 def json_object(raw: bytes) -> dict[str, Any]:
     """A request body: a JSON object of strict JSON (no NaN or Infinity, UTF-8 text without lone surrogates),
     nested at most ``MAX_JSON_DEPTH`` deep. Anything else is a 400 with llama-server's error body (llama-server
@@ -72,7 +88,7 @@ def json_object(raw: bytes) -> dict[str, Any]:
     if len(raw) > MAX_BODY:
         raise APIError(413, "Payload Too Large")
     try:
-        body = json.loads(raw or b"{}", parse_constant=_reject_constant)
+        body = json.loads(raw or b"{}", parse_constant=_reject_constant, parse_float=_finite_float)
     except RecursionError:
         raise _parse_error(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep") from None
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
@@ -123,7 +139,7 @@ _malloc_trim: Any = None
 
 
 def check_json(value: Any) -> None:
-    """Depth and text checks of a parsed body, without recursion (one pass over its values)."""
+    """Depth, text and number checks of a parsed body, without recursion (one pass over its values)."""
     todo: list[tuple[Any, int]] = [(value, 1)]
     while todo:
         v, depth = todo.pop()
@@ -135,6 +151,8 @@ def check_json(value: Any) -> None:
                     raise _parse_error(f"invalid string: a lone UTF-16 surrogate (U+{ord(v[e.start]):04X}) "
                                        "is not Unicode text") from None
             continue
+        if isinstance(v, int) and not INT_RANGE[0] <= v <= INT_RANGE[1]:
+            raise _parse_error(f"the number {str(v)[:32]}... is out of range")
         if isinstance(v, (dict, list)):
             if depth > MAX_JSON_DEPTH:
                 raise _parse_error(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep")
@@ -143,6 +161,21 @@ def check_json(value: Any) -> None:
                 todo += ((x, depth + 1) for x in v.values())
             else:
                 todo += ((x, depth + 1) for x in v)
+
+
+def _text_chars(value: Any) -> int:
+    """The characters of the strings in a JSON value (keys included)."""
+    todo, n = [value], 0
+    while todo:
+        v = todo.pop()
+        if isinstance(v, str):
+            n += len(v)
+        elif isinstance(v, dict):
+            todo += v.keys()
+            todo += v.values()
+        elif isinstance(v, list):
+            todo += v
+    return n
 
 
 def check_schema(schema: Any) -> None:
@@ -302,6 +335,13 @@ def parse_sampling(body: Mapping[str, Any], defaults: Defaults, n_vocab: int | N
     bias = body.get("logit_bias")
     if isinstance(bias, (list, dict)) and len(bias) > MAX_LOGIT_BIAS:
         raise bad_request(f"Field 'logit_bias': at most {MAX_LOGIT_BIAS} entries, got {len(bias)}")
+    triggers = body.get("grammar_triggers")
+    if isinstance(triggers, list) and len(triggers) > MAX_TRIGGERS:
+        raise bad_request(f"Field 'grammar_triggers': at most {MAX_TRIGGERS} triggers, got {len(triggers)}")
+    for name in TEXT_FIELDS:  # texts each sampler tokenizes or matches
+        n = _text_chars(body.get(name))
+        if n > MAX_FIELD_TEXT:
+            raise bad_request(f"Field '{name}': at most {MAX_FIELD_TEXT} characters of text, got {n}")
     try:
         params = parse_sampling_fields(body, defaults.params, n_vocab=n_vocab)
     except FieldError as e:
@@ -311,17 +351,17 @@ def parse_sampling(body: Mapping[str, Any], defaults: Defaults, n_vocab: int | N
     return params
 
 
-def check_constraint(params: SamplingParams, model: Model) -> None:
-    """Refuse what the sampler cannot be built from (a bad grammar or schema, a logit bias outside the vocabulary)
-    with a 400 before the task starts (llama-server fails at sampler init)."""
-    samplers([params], model)
-
-
 def samplers(params: Sequence[SamplingParams], model: Model) -> list[CommonSampler]:
     """A request's samplers, one per task (``params``, which differ only in their seeds), built off the engine
     thread: the grammar is compiled once, with its first mask, within ``COMPILE_BUDGET`` seconds, and every
-    other task gets a clone (they share its mask cache). A sampler that cannot be built is a 400."""
+    other task gets a clone (they share its mask cache). A sampler that cannot be built (a bad grammar or
+    schema, a logit bias outside the vocabulary) is a 400 before the task starts, as llama-server fails at
+    sampler init."""
     vocab, n_vocab = model.vocab, model.config.n_vocab
+    if any(isinstance(token, str) for token, _ in params[0].logit_bias):  # tokenized once, not once per task
+        bias = tuple((t, b) for token, b in params[0].logit_bias
+                     for t in (vocab.tokenize(token) if isinstance(token, str) else (token,)))
+        params = [dataclasses.replace(p, logit_bias=bias) for p in params]
     try:
         with time_budget(COMPILE_BUDGET):
             first = CommonSampler(params[0], vocab, n_vocab=n_vocab)
@@ -424,6 +464,8 @@ def chat_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
         raise bad_request("'messages' is required")
     if not isinstance(messages, list):
         raise bad_request("Expected 'messages' to be an array")
+    if len(messages) > MAX_MESSAGES:
+        raise bad_request(f"Field 'messages': at most {MAX_MESSAGES} messages, got {len(messages)}")
     out = []
     for m in messages:
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):

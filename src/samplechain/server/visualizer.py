@@ -57,7 +57,7 @@ def add_routes(app: Any, state: Any) -> None:
         body = await rq.read_json(req)
         model, engine = state.model, state.engine
         try:  # templates, tokenizing and the grammar's check off the event loop
-            tokens, params = await asyncio.to_thread(_prompt_and_params, state, body)
+            tokens, params, sampler = await asyncio.to_thread(_prompt_and_params, state, body)
             n_top = rq._int(body, ("n_top",), 10, 1, MAX_N_TOP)
             steps = rq._int(body, ("steps",), 1, 1, MAX_STEPS)
             generated = _token_ids(body.get("generated"), model.config.n_vocab)
@@ -76,7 +76,8 @@ def add_routes(app: Any, state: Any) -> None:
             ctx = holder.get("ctx")
             if ctx is None:
                 ctx = holder["ctx"] = TraceContext(model, n_ctx, n_batch=config.n_batch)
-            return trace(model, tokens, params, n_top=n_top, steps=steps, generated=generated, context=ctx)
+            return trace(model, tokens, params, n_top=n_top, steps=steps, generated=generated, context=ctx,
+                         sampler=sampler)
 
         try:
             result = await asyncio.wrap_future(engine.call(run))
@@ -93,9 +94,10 @@ def _assets() -> frozenset[str]:
     return frozenset(p.name for p in STATIC_DIR.iterdir() if p.suffix in _TYPES)
 
 
-def _prompt_and_params(state: Any, body: dict[str, Any]) -> tuple[list[int], Any]:
-    """The prompt's tokens (``prompt`` as in /completion, or ``messages`` as in /v1/chat/completions) and the
-    sampling parameters over the server's defaults; bad fields raise the server's 400s."""
+def _prompt_and_params(state: Any, body: dict[str, Any]) -> tuple[list[int], Any, Any]:
+    """The prompt's tokens (``prompt`` as in /completion, or ``messages`` as in /v1/chat/completions), the
+    sampling parameters over the server's defaults and their sampler (the grammar compiled within its budget);
+    bad fields raise the server's 400s."""
     model = state.model
     if body.get("messages") is not None:
         if body.get("prompt") is not None:
@@ -116,8 +118,7 @@ def _prompt_and_params(state: Any, body: dict[str, Any]) -> tuple[list[int], Any
     if not tokens:
         raise bad_request("the prompt is empty")
     params = rq.parse_sampling(fields, state.config.defaults)
-    rq.check_constraint(params, model)
-    return tokens, params
+    return tokens, params, rq.samplers([params], model)[0]
 
 
 def _token_ids(value: Any, n_vocab: int) -> list[int]:
