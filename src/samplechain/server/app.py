@@ -298,6 +298,8 @@ class Run:
         """The queue's next event. With ``watch``, the client's connection is checked every ``DISCONNECT_POLL``
         seconds, events or not: a client that is gone cancels the tasks and raises ``ClientGone`` (a stream
         does not watch: its response is cancelled when the client leaves)."""
+        if not watch and self._read is None:  # a stream: its response is cancelled, read and all, when it goes
+            return await self.queue.get()
         while True:
             if self._read is None:
                 self._read = asyncio.ensure_future(self.queue.get())
