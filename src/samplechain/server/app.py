@@ -54,7 +54,7 @@ class ServerConfig:
     cors_methods: str = "GET, POST, DELETE, OPTIONS"
     cors_headers: str = "*"
     cors_credentials: bool = True
-    timeout: int = 600  # seconds a request body may be silent, or a response's writes blocked (llama-server's)
+    timeout: int = 600  # seconds a request body may take, or a response's writes stay blocked (llama-server's)
     head_timeout: float = 10.0  # seconds for a request's head to arrive in full (slowloris)
     shutdown_grace: float = 10.0  # seconds running requests may finish after SIGTERM / SIGINT
     metrics: bool = False
@@ -255,9 +255,11 @@ DISCONNECT_POLL = 0.5  # seconds between two disconnect checks of a request that
 class Run:
     """The tasks of one request and the queue their events arrive in (from the engine thread).
 
-    Events are read with ``next``: the read of the queue is one task that is never cancelled (a wait with a timeout
-    around a generator's ``anext`` closes the generator when it times out, and every later event is lost); beside
-    it, the client's connection is polled every ``DISCONNECT_POLL`` seconds, and a gone client cancels the tasks."""
+    A request that waits without a stream reads events with ``receive``: the read of the queue is one task that a
+    poll never cancels (a wait with a timeout around a generator's ``anext`` closed the generator when it timed
+    out, and every later event was lost); beside it, the client's connection is checked every
+    ``DISCONNECT_POLL`` seconds, and a gone client cancels the tasks. A stream needs no polling: its response
+    is cancelled when its client leaves, and that cancels the tasks."""
 
     def __init__(self, engine: Engine, is_disconnected: Callable[[], Awaitable[bool]]) -> None:
         self.engine = engine

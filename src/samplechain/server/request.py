@@ -7,7 +7,7 @@ import asyncio
 import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,11 +138,23 @@ def release_memory() -> None:
 _malloc_trim: Any = None
 
 
-def check_json(value: Any) -> None:
-    """Depth, text and number checks of a parsed body, without recursion (one pass over its values)."""
-    todo: list[tuple[Any, int]] = [(value, 1)]
+def _walk(value: Any) -> Iterator[tuple[Any, int]]:
+    """Every value of a parsed JSON document with its depth (an object's keys at the object's), without
+    recursion."""
+    todo: list[tuple[Any, int]] = [(value, 0)]
     while todo:
         v, depth = todo.pop()
+        yield v, depth
+        if isinstance(v, dict):
+            todo += ((k, depth) for k in v)
+            todo += ((x, depth + 1) for x in v.values())
+        elif isinstance(v, list):
+            todo += ((x, depth + 1) for x in v)
+
+
+def check_json(value: Any) -> None:
+    """Depth, text and number checks of a parsed body (one pass over its values)."""
+    for v, depth in _walk(value):
         if isinstance(v, str):
             if not v.isascii():
                 try:
@@ -150,58 +162,35 @@ def check_json(value: Any) -> None:
                 except UnicodeEncodeError as e:
                     raise _parse_error(f"invalid string: a lone UTF-16 surrogate (U+{ord(v[e.start]):04X}) "
                                        "is not Unicode text") from None
-            continue
-        if isinstance(v, int) and not INT_RANGE[0] <= v <= INT_RANGE[1]:
+        elif isinstance(v, int) and not INT_RANGE[0] <= v <= INT_RANGE[1]:
             raise _parse_error(f"the number {str(v)[:32]}... is out of range")
-        if isinstance(v, (dict, list)):
-            if depth > MAX_JSON_DEPTH:
-                raise _parse_error(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep")
-            if isinstance(v, dict):
-                todo += ((k, depth) for k in v)
-                todo += ((x, depth + 1) for x in v.values())
-            else:
-                todo += ((x, depth + 1) for x in v)
+        elif depth >= MAX_JSON_DEPTH and isinstance(v, (dict, list)):
+            raise _parse_error(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep")
 
 
 def _text_chars(value: Any) -> int:
     """The characters of the strings in a JSON value (keys included)."""
-    todo, n = [value], 0
-    while todo:
-        v = todo.pop()
-        if isinstance(v, str):
-            n += len(v)
-        elif isinstance(v, dict):
-            todo += v.keys()
-            todo += v.values()
-        elif isinstance(v, list):
-            todo += v
-    return n
+    return sum(len(v) for v, _ in _walk(value) if isinstance(v, str))
 
 
 def check_schema(schema: Any) -> None:
     """At most ``MAX_SCHEMA_NODES`` values and ``MAX_GRAMMAR_CHARS`` characters of text in a JSON schema, and
     ``MAX_ENUM`` values in any one ``enum`` (the grammar it converts to grows with each)."""
-    todo, n, chars = [schema], 0, 0
-    while todo:
-        v = todo.pop()
-        n += 1
+    chars = 0
+    for n, (v, _) in enumerate(_walk(schema), 1):
+        if n > MAX_SCHEMA_NODES:
+            raise bad_request(f"Field 'json_schema': the schema has more than {MAX_SCHEMA_NODES} values "
+                              "(limit MAX_SCHEMA_NODES)")
         if isinstance(v, str):
             chars += len(v)
             if chars > MAX_GRAMMAR_CHARS:
                 raise bad_request(f"Field 'json_schema': the schema has more than {MAX_GRAMMAR_CHARS} characters "
                                   "of text (limit MAX_GRAMMAR_CHARS)")
-        if n > MAX_SCHEMA_NODES:
-            raise bad_request(f"Field 'json_schema': the schema has more than {MAX_SCHEMA_NODES} values "
-                              "(limit MAX_SCHEMA_NODES)")
-        if isinstance(v, dict):
+        elif isinstance(v, dict):
             enum = v.get("enum")
             if isinstance(enum, list) and len(enum) > MAX_ENUM:
                 raise bad_request(f"Field 'json_schema': an enum has {len(enum)} values, more than {MAX_ENUM} "
                                   "(limit MAX_ENUM)")
-            todo += v.keys()
-            todo += v.values()
-        elif isinstance(v, list):
-            todo += v
 
 
 @dataclass
