@@ -14,7 +14,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -837,13 +836,11 @@ class HTTPServer:
         self.server.should_exit = True
         threading.Thread(target=self.shutdown, name="samplechain-shutdown", daemon=True).start()
 
-    def shutdown(self) -> Future | None:
-        """Stop accepting and drain the engine (see the class); the future is done once no task runs."""
-        done = None
+    def shutdown(self) -> None:
+        """Stop accepting and drain the engine (see the class)."""
         if self.state.engine is not None:
-            done = self.state.engine.drain(max(self.state.config.shutdown_grace, 0))
+            self.state.engine.drain(max(self.state.config.shutdown_grace, 0))
         self.server.should_exit = True
-        return done
 
 
 class BackgroundServer:

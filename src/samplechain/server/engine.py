@@ -151,7 +151,6 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._drain_deadline: float | None = None  # shutting down: running tasks are cut at this time
-        self._drained: Future | None = None
         self.metrics = Metrics()
         self.step_hook: Callable[[], None] | None = None  # called before each forward (tests slow steps down)
 
@@ -173,30 +172,23 @@ class Engine:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
 
-    def drain(self, grace: float) -> Future:
+    def drain(self, grace: float) -> None:
         """Shut down gracefully: queued and new tasks end at once with a 503; running tasks may finish within
-        ``grace`` seconds, then each is cut (``_cut``). The future is done once no task runs."""
-        done: Future = Future()
+        ``grace`` seconds, then each is cut (``_cut``)."""
         deadline = time.perf_counter() + grace  # from now: the engine may be inside a long step
 
         def begin() -> None:
             self._drain_deadline = deadline
-            self._drained = done
             while self._deferred:
                 self._deferred.popleft().emit(dict(SHUTTING_DOWN))
             self._check_drain()
 
         self.call(begin)
-        return done
 
     def _check_drain(self) -> None:
-        if self._drain_deadline is None:
-            return
-        if time.perf_counter() >= self._drain_deadline:
+        if self._drain_deadline is not None and time.perf_counter() >= self._drain_deadline:
             for s in self.slots:
                 self._cut(s)
-        if self._drained is not None and not self._drained.done() and not any(s.busy for s in self.slots):
-            self._drained.set_result(None)
 
     def submit(self, task: Task) -> Task:
         with self._lock:
