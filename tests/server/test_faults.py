@@ -579,3 +579,14 @@ def test_the_watchdog_clocks():
     assert protocol.conn.their_state is h11.DONE
     clock.advance(60.0)
     assert not transport.is_closing()
+
+
+def test_extreme_but_valid_numbers_answer_with_null_not_500(small):
+    """A penalty of -1e308 or a bias of 1e308 makes logits infinite: the answer carries null where JSON has no
+    number (spec/server.md §2.3), never a 500."""
+    r = call(small, "POST", "/completion", {"prompt": "Hi", "n_predict": 2, "repeat_penalty": 1.5,
+                                            "frequency_penalty": -1e308, "seed": 1})
+    assert r.status == 200 and r.json()["tokens_predicted"] == 2
+    r = call(small, "POST", "/sampling/trace", {"prompt": "Hi", "logit_bias": [[1, 1e308]]})
+    assert r.status == 200
+    assert r.json()["steps"][0]["token"] == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import string
 import time
@@ -18,8 +19,23 @@ _ALNUM = string.ascii_letters + string.digits
 
 
 def json_bytes(obj: Any) -> bytes:
-    """Compact JSON; non-finite floats are refused (the builders turn them into null first)."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    """Compact JSON. JSON has no inf or NaN: the builders turn them into null, and any left (a penalty of -1e308
+    makes logits infinite) become null here too (spec/server.md §2.3)."""
+    try:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError:
+        return json.dumps(_finite(obj), ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _finite(obj: Any) -> Any:
+    """``obj`` with every non-finite float replaced by None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def reply(obj: Any, status: int = 200) -> Response:
