@@ -590,3 +590,23 @@ def test_extreme_but_valid_numbers_answer_with_null_not_500(small):
     r = call(small, "POST", "/sampling/trace", {"prompt": "Hi", "logit_bias": [[1, 1e308]]})
     assert r.status == 200
     assert r.json()["steps"][0]["token"] == 1
+
+
+def test_a_chain_the_request_leaves_no_token_is_400(small):
+    """A grammar whose only token is outside the vocabulary: the sampling chain cannot go on, which is the
+    request's doing (a 400), not the server's (it was a 500)."""
+    r = call(small, "POST", "/completion", {"prompt": "x", "n_predict": 4, "grammar": "root ::= <[99999999]>"})
+    assert r.status == 400
+    assert r.json()["error"] == {"code": 400, "message": "dist: every candidate is masked (-inf); nothing can be "
+                                 "drawn", "type": "invalid_request_error"}
+    assert idle(small, 2.0)
+
+
+def test_legacy_completions_answer_every_prompt(small):
+    body = {"prompt": ["The capital of France is", "def fib(n):"], "max_tokens": 3, "seed": 1, "n": 2}
+    r = call(small, "POST", "/v1/completions", body)
+    assert r.status == 200 and [c["index"] for c in r.json()["choices"]] == [0, 1, 2, 3]
+    alone = call(small, "POST", "/v1/completions", {**body, "prompt": "def fib(n):", "n": 1}).json()
+    assert r.json()["choices"][2]["text"] == alone["choices"][0]["text"]
+    events = call(small, "POST", "/v1/completions", {**body, "stream": True}).events()
+    assert sorted({c["index"] for e in events if e != "[DONE]" for c in e["choices"]}) == [0, 1, 2, 3]

@@ -660,7 +660,7 @@ def create_app(state: ServerState) -> Any:
     async def oai_completions(req: Request) -> Response:
         _, opts, todo = await asyncio.to_thread(prepare_completion, await body_of(req))
         run = Run(engine(), req.is_disconnected)
-        for k, job in enumerate(todo[:opts.n_cmpl]):  # the first prompt's choices
+        for k, job in enumerate(todo):  # every prompt's choices, in order
             run.submit(job, opts, k)
         cid, model_id = rs.completion_id(), state.model_id
         if not opts.stream:

@@ -394,7 +394,7 @@ class Engine:
             tokens = bs.sample(logits[[i for _, i in rows]])
         except ValueError as e:
             for s, _ in rows:
-                self._fail(s, str(e))
+                self._fail(s, str(e), 400)
             return {}
         return {s: t for (s, _), t in zip(rows, tokens, strict=True)}
 
@@ -414,7 +414,7 @@ class Engine:
         try:
             accepted = spec.verify_round(s.sampler, list(block), draft)
         except ValueError as e:
-            self._fail(s, str(e))
+            self._fail(s, str(e), 400)
             return
         n_acc = len(accepted) - 1
         if draft:
@@ -458,7 +458,7 @@ class Engine:
         try:
             token = s.sampler.sample(row)
         except ValueError as e:
-            self._fail(s, str(e))
+            self._fail(s, str(e), 400)
             return
         self._first_token(s)
         self._sampled(s, token, row)
@@ -606,11 +606,14 @@ class Engine:
         self._release(s)
         task.emit({**SHUTTING_DOWN, "final": final})
 
-    def _fail(self, s: Slot, message: str) -> None:
+    def _fail(self, s: Slot, message: str, code: int = 500) -> None:
+        """The task ends with an error: 500 for a failed step, 400 where its own sampling chain cannot go on (a
+        grammar or a bias that leaves no token, a trigger that opens a grammar the text cannot follow)."""
         task = s.task
         self._release(s)
         if task is not None:
-            task.emit({"type": "error", "code": 500, "message": message, "error_type": "server_error"})
+            task.emit({"type": "error", "code": code, "message": message,
+                       "error_type": "server_error" if code >= 500 else "invalid_request_error"})
 
     def _release(self, s: Slot) -> None:
         task = s.task
