@@ -562,6 +562,19 @@ def _parse_trigger(t: object) -> tuple[int, str, int | None]:
     return kind, value, token
 
 
+def tokenize_logit_bias(bias: Iterable[tuple[int | str, float]], vocab: Vocab | None) -> list[tuple[int, float]]:
+    """Biases of texts as biases of their tokens (each token of a text gets the text's bias); ids stay."""
+    out: list[tuple[int, float]] = []
+    for token, b in bias:
+        if isinstance(token, str):
+            if vocab is None:
+                raise ValueError(f"logit_bias for text {token!r} needs a vocabulary to tokenize it")
+            out.extend((t, b) for t in vocab.tokenize(token))
+        else:
+            out.append((token, b))
+    return out
+
+
 class CommonSampler:
     """llama.cpp's ``common_sampler``: the chain built from parameters, plus history, grammar, reasoning budget
     and probabilities.
@@ -687,15 +700,10 @@ class CommonSampler:
     def _logit_biases(self) -> list[tuple[int, float]]:
         p = self.params
         out: list[tuple[int, float]] = []
-        for token, bias in p.logit_bias:
-            if isinstance(token, str):
-                if self.vocab is None:
-                    raise ValueError(f"logit_bias for text {token!r} needs a vocabulary to tokenize it")
-                out.extend((t, bias) for t in self.vocab.tokenize(token))
-            else:
-                if self.n_vocab is not None and token >= self.n_vocab:
-                    raise ValueError(f"logit_bias token {token} is outside the vocabulary [0, {self.n_vocab})")
-                out.append((token, bias))
+        for token, bias in tokenize_logit_bias(p.logit_bias, self.vocab):
+            if self.n_vocab is not None and token >= self.n_vocab:
+                raise ValueError(f"logit_bias token {token} is outside the vocabulary [0, {self.n_vocab})")
+            out.append((token, bias))
         if p.ignore_eos and self.vocab is not None:
             out.extend((t, -math.inf) for t in sorted(self.vocab.eog))
         return out

@@ -289,11 +289,11 @@ class Run:
             self._read.cancel()
             self._read = None
 
-    async def next(self, watch: bool = True) -> tuple[int, dict[str, Any]]:
-        """The next event: the backlog's first, else the queue's (``receive``)."""
+    async def next(self) -> tuple[int, dict[str, Any]]:
+        """A stream's next event: the backlog's first, else the queue's."""
         if self.backlog:
             return self.backlog.popleft()
-        return await self.receive(watch)
+        return await self.receive(watch=False)
 
     async def receive(self, watch: bool = True) -> tuple[int, dict[str, Any]]:
         """The queue's next event. With ``watch``, the client's connection is checked every ``DISCONNECT_POLL``
@@ -327,7 +327,7 @@ class Run:
         down) gives its final event, then its error."""
         open_tasks = len(self.tasks)
         while open_tasks:
-            index, ev = await self.next(watch=False)
+            index, ev = await self.next()
             if ev["type"] == "begin":
                 continue
             if ev["type"] == "error" and ev.get("final") is not None:
@@ -395,8 +395,6 @@ def create_app(state: ServerState) -> Any:
     @app.exception_handler(Exception)
     async def server_error(_: Request, e: Exception) -> Response:
         return reply(APIError(500, f"{type(e).__name__}: {e}", "server_error").body(), 500)
-
-    body_of = rq.read_json
 
     def engine() -> Engine:
         assert state.engine is not None
@@ -489,7 +487,7 @@ def create_app(state: ServerState) -> Any:
 
     @app.post("/tokenize")
     async def tokenize(req: Request) -> Response:
-        body = await body_of(req)
+        body = await rq.read_json(req)
         content = body.get("content")
         if content is None:
             return reply({"tokens": []})
@@ -520,7 +518,7 @@ def create_app(state: ServerState) -> Any:
 
     @app.post("/detokenize")
     async def detokenize(req: Request) -> Response:
-        body = await body_of(req)
+        body = await rq.read_json(req)
         tokens = body.get("tokens") or []
         n_vocab = state.model.config.n_vocab
         if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
@@ -532,7 +530,7 @@ def create_app(state: ServerState) -> Any:
 
     @app.post("/apply-template")
     async def apply_template(req: Request) -> Response:
-        body = await body_of(req)
+        body = await rq.read_json(req)
         try:
             prompt, _ = await asyncio.to_thread(rq.chat_prompt, state.model, body)
         except ValueError as e:
@@ -628,7 +626,7 @@ def create_app(state: ServerState) -> Any:
     @app.post("/completion")
     @app.post("/completions")
     async def completion(req: Request) -> Response:
-        params, opts, todo = await asyncio.to_thread(prepare_completion, await body_of(req))
+        params, opts, todo = await asyncio.to_thread(prepare_completion, await rq.read_json(req))
         run = Run(engine(), req.is_disconnected)
         for k, job in enumerate(todo):
             run.submit(job, opts, k)
@@ -658,7 +656,7 @@ def create_app(state: ServerState) -> Any:
 
     @app.post("/v1/completions")
     async def oai_completions(req: Request) -> Response:
-        _, opts, todo = await asyncio.to_thread(prepare_completion, await body_of(req))
+        _, opts, todo = await asyncio.to_thread(prepare_completion, await rq.read_json(req))
         run = Run(engine(), req.is_disconnected)
         for k, job in enumerate(todo):  # every prompt's choices, in order
             run.submit(job, opts, k)
@@ -708,7 +706,7 @@ def create_app(state: ServerState) -> Any:
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def chat_completions(req: Request) -> Response:
-        body = await body_of(req)
+        body = await rq.read_json(req)
         # templates, tokenizing and grammar compilation off the event loop: other streams keep flowing
         params, opts, todo, generation_prompt = await asyncio.to_thread(prepare_chat, body)
         tokens = todo[0].tokens

@@ -14,7 +14,7 @@ from typing import Any
 from samplechain.grammar import GrammarError
 from samplechain.grammar.engine import time_budget
 from samplechain.grammar.json_schema import server_response_schema
-from samplechain.params import CommonSampler, SamplingParams
+from samplechain.params import CommonSampler, SamplingParams, tokenize_logit_bias
 from samplechain.runtime.chat import starts_with_bos
 from samplechain.runtime.generation import Model
 from samplechain.server.sampling_fields import FieldError, parse_sampling_fields
@@ -57,6 +57,8 @@ MAX_GRAMMAR_CHARS = 65536  # a grammar, given or converted from a schema
 COMPILE_BUDGET = 1.5  # seconds to compile a grammar and its first mask (grammar.time_budget)
 MAX_TOKENIZE_CHARS = 1 << 20  # /tokenize's content (the tokenizer holds the GIL: ~1 s here)
 MAX_TRIGGERS = 16  # grammar_triggers: their patterns are searched after every token
+COUNT_LIMITS = {"dry_sequence_breakers": (MAX_DRY_BREAKERS, "breakers"), "logit_bias": (MAX_LOGIT_BIAS, "entries"),
+                "grammar_triggers": (MAX_TRIGGERS, "triggers")}
 MAX_FIELD_TEXT = 65536  # characters of text in each of TEXT_FIELDS
 TEXT_FIELDS = ("logit_bias", "grammar_triggers", "preserved_tokens", "generation_prompt", "reasoning_budget_start_tag",
                "reasoning_budget_end_tags", "reasoning_budget_message", "dry_sequence_breakers", "samplers")
@@ -318,15 +320,10 @@ def parse_sampling(body: Mapping[str, Any], defaults: Defaults, n_vocab: int | N
     if isinstance(grammar, str) and len(grammar) > MAX_GRAMMAR_CHARS:
         raise bad_request(f"Field 'grammar': at most {MAX_GRAMMAR_CHARS} characters, got {len(grammar)} "
                           "(limit MAX_GRAMMAR_CHARS)")
-    breakers = body.get("dry_sequence_breakers")
-    if isinstance(breakers, list) and len(breakers) > MAX_DRY_BREAKERS:
-        raise bad_request(f"Field 'dry_sequence_breakers': at most {MAX_DRY_BREAKERS} breakers, got {len(breakers)}")
-    bias = body.get("logit_bias")
-    if isinstance(bias, (list, dict)) and len(bias) > MAX_LOGIT_BIAS:
-        raise bad_request(f"Field 'logit_bias': at most {MAX_LOGIT_BIAS} entries, got {len(bias)}")
-    triggers = body.get("grammar_triggers")
-    if isinstance(triggers, list) and len(triggers) > MAX_TRIGGERS:
-        raise bad_request(f"Field 'grammar_triggers': at most {MAX_TRIGGERS} triggers, got {len(triggers)}")
+    for name, (limit, what) in COUNT_LIMITS.items():
+        value = body.get(name)
+        if isinstance(value, (list, dict)) and len(value) > limit:
+            raise bad_request(f"Field '{name}': at most {limit} {what}, got {len(value)}")
     for name in TEXT_FIELDS:  # texts each sampler tokenizes or matches
         n = _text_chars(body.get(name))
         if n > MAX_FIELD_TEXT:
@@ -348,8 +345,7 @@ def samplers(params: Sequence[SamplingParams], model: Model) -> list[CommonSampl
     sampler init."""
     vocab, n_vocab = model.vocab, model.config.n_vocab
     if any(isinstance(token, str) for token, _ in params[0].logit_bias):  # tokenized once, not once per task
-        bias = tuple((t, b) for token, b in params[0].logit_bias
-                     for t in (vocab.tokenize(token) if isinstance(token, str) else (token,)))
+        bias = tuple(tokenize_logit_bias(params[0].logit_bias, vocab))
         params = [dataclasses.replace(p, logit_bias=bias) for p in params]
     try:
         with time_budget(COMPILE_BUDGET):
@@ -372,10 +368,11 @@ def max_prompt_chars(model: Model, n_ctx: int) -> int:
 # --- prompts ---------------------------------------------------------------------------------------------------
 
 
-def check_length(model: Model, text: str, n_ctx: int | None) -> None:
-    """A text too long for ``n_ctx`` tokens is refused before it is tokenized (``max_prompt_chars``)."""
-    if n_ctx is not None and len(text) > max_prompt_chars(model, n_ctx):
-        raise APIError(400, f"request ({len(text)} characters) exceeds the available context size ({n_ctx} tokens), "
+def check_length(model: Model, n_chars: int, n_ctx: int | None) -> None:
+    """A text of ``n_chars`` characters too long for ``n_ctx`` tokens is refused before it is tokenized
+    (``max_prompt_chars``)."""
+    if n_ctx is not None and n_chars > max_prompt_chars(model, n_ctx):
+        raise APIError(400, f"request ({n_chars} characters) exceeds the available context size ({n_ctx} tokens), "
                        "try increasing it", "exceed_context_size_error", n_ctx=n_ctx)
 
 
@@ -383,10 +380,10 @@ def tokenize_mixed(model: Model, prompt: Any, add_special: bool = True, n_ctx: i
     """One prompt: a string, or an array of token ids and strings (each string tokenized, specials parsed).
     With ``n_ctx``, a prompt whose text cannot fit is refused before it is tokenized."""
     if isinstance(prompt, str):
-        check_length(model, prompt, n_ctx)
+        check_length(model, len(prompt), n_ctx)
         return model.tokenize(prompt, add_special=add_special and not starts_with_bos(model.vocab, prompt))
     if isinstance(prompt, list):
-        check_length(model, "".join(p for p in prompt if isinstance(p, str)), n_ctx)
+        check_length(model, sum(len(p) for p in prompt if isinstance(p, str)), n_ctx)
         out: list[int] = []
         for i, part in enumerate(prompt):
             if isinstance(part, bool):
@@ -474,7 +471,7 @@ def chat_prompt(model: Model, body: Mapping[str, Any], n_ctx: int | None = None)
     """The rendered prompt and the generation prompt it ends with (the assistant header, or a prefilled message).
     With ``n_ctx``, messages whose text cannot fit are refused before the template renders them."""
     messages = chat_messages(body)
-    check_length(model, "".join(m["content"] for m in messages), n_ctx)
+    check_length(model, sum(len(m["content"]) for m in messages), n_ctx)
     add_gen = body.get("add_generation_prompt", True)
     cont = body.get("continue_final_message", False)
     if not isinstance(add_gen, bool) or not isinstance(cont, bool):

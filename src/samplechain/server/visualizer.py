@@ -108,7 +108,7 @@ def _prompt_and_params(state: Any, body: dict[str, Any]) -> tuple[list[int], Any
         fields = {**body, **rq.response_format(body)}
         if generation_prompt and "generation_prompt" not in body:
             fields["generation_prompt"] = generation_prompt
-        rq.check_length(model, text, state.engine.n_ctx_slot)
+        rq.check_length(model, len(text), state.engine.n_ctx_slot)
         tokens = model.tokenize(text, add_special=not starts_with_bos(model.vocab, text))
     else:
         prompts = rq.prompts(model, body, state.engine.n_ctx_slot)
