@@ -250,7 +250,9 @@ class TraceContext:
     def __init__(self, model: Model, n_ctx: int, n_batch: int = 512) -> None:
         self.model = model
         self.ctx: Context = model.new_context(n_ctx, n_seq_max=1, n_batch=n_batch)
-        self.cached: list[int] = []  # the tokens in the cache, position by position
+        from samplechain.runtime.sequence import Sequence as CacheSequence
+
+        self.seq = CacheSequence(self.ctx)  # the tokens in the cache, position by position
 
     @property
     def n_ctx(self) -> int:
@@ -263,16 +265,8 @@ class TraceContext:
             raise ValueError("the prompt is empty")
         if len(tokens) > self.n_ctx:
             raise ValueError(f"{len(tokens)} tokens do not fit the trace context of {self.n_ctx}")
-        n_keep = 0
-        for a, b in zip(self.cached, tokens[:-1], strict=False):
-            if a != b:
-                break
-            n_keep += 1
-        self.ctx.seq_rm(0, n_keep, -1)
-        self.cached = tokens[:n_keep]
-        todo = tokens[n_keep:]
-        out = self.ctx.decode(todo, positions=range(n_keep, len(tokens)), outputs=[False] * (len(todo) - 1) + [True])
-        self.cached = tokens
+        todo = tokens[self.seq.reuse(tokens):]
+        out = self.seq.decode(todo, outputs=[False] * (len(todo) - 1) + [True])
         return out[-1].float().cpu().numpy()
 
 

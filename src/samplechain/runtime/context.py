@@ -79,10 +79,11 @@ class Context:
             return torch.empty(0, self.n_vocab)
         return results[0] if len(results) == 1 else torch.cat(results)
 
-    def context_shift(self, n_past: int, n_keep: int, seq: int = 0) -> int:
-        """llama.cpp's context shift: keep the first ``n_keep`` positions, drop half of the rest, slide the
-        remainder back (keys are re-rotated at the next decode). Returns the new ``n_past``."""
-        n_discard = (n_past - n_keep) // 2
+    def context_shift(self, n_past: int, n_keep: int, seq: int = 0, n_discard: int = 0) -> int:
+        """llama.cpp's context shift on the cells: keep the first ``n_keep`` positions, drop the next ``n_discard``
+        (0: half of the rest), slide the remainder back (keys are re-rotated at the next decode). Returns the new
+        ``n_past``. ``Sequence.shift`` keeps a sequence's tokens in step with it."""
+        n_discard = n_discard or (n_past - n_keep) // 2
         if n_keep < 0 or n_discard <= 0:
             raise ValueError(f"cannot shift a context of {n_past} tokens keeping {n_keep}: nothing to discard")
         self.kv.seq_rm(seq, n_keep, n_keep + n_discard)

@@ -11,20 +11,19 @@ import importlib.util
 import os
 import sys
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from samplechain.device import BatchSampler
 from samplechain.gguf import GGUFFile
 from samplechain.params import CommonSampler, SamplingParams
-from samplechain.runtime.chat import BUILTIN_TEMPLATES, builtin_template_name, header_tokens, render, starts_with_bos
+from samplechain.runtime.chat_template import apply_template, header_tokens, starts_with_bos
 from samplechain.runtime.context import Context
+from samplechain.runtime.decoding import Decoder, Rules, Timings, device_sampler, stream_text
 from samplechain.runtime.kernels import choose_kernel
 from samplechain.runtime.model import ModelConfig, Transformer
+from samplechain.runtime.sequence import Sequence as CacheSequence
 from samplechain.runtime.speculation import Speculation
-from samplechain.runtime.state import StateError
 from samplechain.runtime.weights import WeightLoader
 from samplechain.vocab import Vocab
 
@@ -53,35 +52,6 @@ def model_path(name_or_path: str | os.PathLike[str] | None = None) -> str:
     if not os.path.isfile(name):
         raise FileNotFoundError(f"no model file {name!r} (and not a packaged model: {', '.join(MODEL_PACKAGES)})")
     return name
-
-
-@dataclass
-class Timings:
-    """llama.cpp-style performance counters of the last generation (milliseconds)."""
-
-    load_ms: float = 0.0
-    n_prompt: int = 0
-    prompt_ms: float = 0.0
-    n_eval: int = 0
-    eval_ms: float = 0.0
-    n_sample: int = 0
-    sample_ms: float = 0.0
-    n_reused: int = 0
-    kernel: str = ""
-
-    def report(self) -> str:
-        def line(what: str, ms: float, n: int, unit: str) -> str:
-            per = ms / n if n else 0.0
-            rate = 1e3 * n / ms if ms > 0 else 0.0
-            return (f"{what:>18} = {ms:10.2f} ms / {n:5d} {unit} "
-                    f"({per:8.2f} ms per token, {rate:8.2f} tokens per second)")
-        return "\n".join([
-            *([f"{'kernel':>18} = {self.kernel}"] if self.kernel else []),
-            f"{'load time':>18} = {self.load_ms:10.2f} ms",
-            line("prompt eval time", self.prompt_ms, self.n_prompt, "tokens"),
-            line("eval time", self.eval_ms, self.n_eval, "runs  "),
-            line("sampling time", self.sample_ms, self.n_sample, "runs  "),
-        ] + ([f"{'prompt cache':>18} = {self.n_reused} tokens reused"] if self.n_reused else []))
 
 
 class Model:
@@ -116,10 +86,7 @@ class Model:
     def apply_chat_template(self, messages: Sequence[dict[str, str]] | str, add_generation_prompt: bool = True) -> str:
         """The model's chat template (jinja2, sandboxed) applied to ``messages`` (or one user message). A GGUF
         without a template gets llama.cpp's built-in one for its turn markers (Gemma's, else ChatML)."""
-        if isinstance(messages, str):
-            messages = [{"role": "user", "content": messages}]
-        template = self.vocab.chat_template or BUILTIN_TEMPLATES[builtin_template_name(self.vocab)]
-        return render(template, self.vocab, messages, add_generation_prompt)
+        return apply_template(self.vocab, messages, add_generation_prompt)
 
     def generate(
         self,
@@ -196,12 +163,14 @@ class Model:
         n_keep = min(n_keep, len(tokens))
 
         sampler = CommonSampler(params, self.vocab, n_vocab=self.config.n_vocab)
-        device_sampler = self._device_sampler(sampler)
-        n_past = 0
+        device = None if speculation is not None else device_sampler(sampler, self.transformer.device)
+        seq = CacheSequence(ctx)
         if prompt_cache is not None and os.path.exists(prompt_cache) and os.path.getsize(prompt_cache) > 0:
-            n_past = self._reuse_prompt_cache(ctx, prompt_cache, tokens)
+            seq.load_state(prompt_cache)
+            n_past = seq.reuse(tokens)
         else:
-            ctx.clear()
+            seq.clear()
+            n_past = 0
         t.n_reused = n_past
         for tok in tokens:
             sampler.accept(tok, is_generated=False)
@@ -210,195 +179,20 @@ class Model:
         # stores), then the last one alone, so a run that reloads the cache computes exactly the same logits.
         start = time.perf_counter()
         if n_past < len(tokens) - 1:
-            head = tokens[n_past:-1]
-            ctx.decode(head, positions=range(n_past, len(tokens) - 1), outputs=[False] * len(head))
+            seq.decode(tokens[n_past:-1], outputs=[False] * (len(tokens) - 1 - n_past))
         if prompt_cache is not None and not prompt_cache_ro and t.n_reused < len(tokens) - 1:
-            ctx.save_state(prompt_cache, tokens)
-        logits = ctx.decode(tokens[-1:], positions=[len(tokens) - 1])[-1]
+            seq.save_state(prompt_cache, tokens)
+        rows = seq.decode(tokens[-1:])
         t.prompt_ms = (time.perf_counter() - start) * 1e3
         t.n_prompt = len(tokens) - n_past
-        n_past = len(tokens)
 
-        if speculation is not None:
-            speculation.begin(tokens)
-            yield from self._speculative_loop(ctx, sampler, logits, list(tokens), n_keep, n_predict, context_shift,
-                                              t, speculation)
-            return
-        yield from self._decode_loop(ctx, sampler, device_sampler, logits, n_past, n_keep, n_predict, context_shift,
-                                     t)
-
-    def _speculative_loop(self, ctx: Context, sampler: CommonSampler, logits: torch.Tensor, history: list[int],
-                          n_keep: int, n_predict: int, context_shift: bool, t: Timings, spec: Speculation,
-                          stop: Sequence[str] = (), rewind: bool = False,
-                          ) -> Generator[str, None, tuple[int, list[int], CommonSampler]]:
-        """The decode loop with drafts: ``[id_last, d0 .. dk-1]`` decoded in one batch, verified by
-        sample-and-compare, rejected cells removed. ``history`` holds the tokens in the cache (id_last excluded) and
-        is kept up to date. Stops as ``_decode_loop`` does (``stop`` strings included) and returns the same state,
-        plus the sampler: with ``rewind``, when it stops inside a round, the round's later tokens leave the cache and
-        the sampler is the one plain decoding would have (the round replayed up to the stop), so a conversation
-        goes on exactly as without drafting."""
-        decoder = self.vocab.stream_decoder()
-        n_past, n_generated, text = len(history), 0, ""
-        start = time.perf_counter()
-        accepted = [sampler.sample(logits.cpu().numpy())]
-        t.sample_ms += (time.perf_counter() - start) * 1e3
-        t.n_sample += 1
-        rows_np, draft, before = None, [], None
-        stop_at: int | None = None
-        while stop_at is None:
-            # emit this round's tokens; all but the last are already in the cache
-            for j, token in enumerate(accepted):
-                if self.on_token is not None:
-                    self.on_token(token, sampler)
-                if self.vocab.is_eog(token):
-                    stop_at = j
-                    break
-                n_generated += 1
-                piece = decoder.push(token)
-                if piece:
-                    yield piece
-                    if stop:
-                        text, hit = _stop_window(text, piece, stop)
-                        if hit:
-                            stop_at = j
-                            break
-                if n_predict >= 0 and n_generated >= n_predict:
-                    stop_at = j
-                    break
-            if stop_at is not None:
-                break
-            id_last = accepted[-1]
-            room = self._make_room(ctx, n_past, n_keep, context_shift)
-            if room is None:
-                stop_at = len(accepted) - 1
-                break
-            del history[n_keep:n_keep + n_past - room]  # what a context shift discarded
-            n_past = room
-            limit = ctx.n_ctx - n_past - 2
-            if n_predict >= 0:  # the accepted drafts and the target's own token stay within n_predict
-                limit = min(limit, n_predict - n_generated - 1)
-            start = time.perf_counter()
-            draft = spec.propose(history, id_last, limit)
-            batch = [id_last, *draft]
-            rows = ctx.decode(batch, positions=range(n_past, n_past + len(batch)), outputs=[True] * len(batch))
-            rows_np = rows.cpu().numpy()
-            elapsed = time.perf_counter() - start
-            spec.record_time(len(batch), elapsed)
-            t.eval_ms += elapsed * 1e3
-            t.n_eval += 1
-            start = time.perf_counter()
-            before = sampler.clone() if rewind and draft and spec.verify == "compare" else None
-            accepted = spec.verify_round(sampler, rows_np, draft)
-            t.sample_ms += (time.perf_counter() - start) * 1e3
-            t.n_sample += len(accepted)
-            n_accepted = len(accepted) - 1
-            spec.accept(len(draft), n_accepted)
-            history += batch[: 1 + n_accepted]
-            n_past += 1 + n_accepted
-            if n_accepted < len(draft):
-                ctx.seq_rm(0, n_past, -1)  # the rejected drafts' cells
-        tail = decoder.flush()
-        if tail:
-            yield tail
-        n_later = len(accepted) - 1 - stop_at  # verified after the stop: in the cache, never emitted
-        if n_later:
-            n_past -= n_later
-            ctx.seq_rm(0, n_past, -1)
-            del history[n_past:]
-            if before is not None:  # the sampler as plain decoding leaves it: the round replayed up to the stop
-                sampler = before
-                sampler.sample_and_accept_n(list(rows_np[:stop_at + 1]), draft[:stop_at])
-        return n_past, [accepted[stop_at]], sampler
-
-    def _decode_loop(self, ctx: Context, sampler: CommonSampler, device_sampler: BatchSampler | None,
-                     logits: torch.Tensor, n_past: int, n_keep: int, n_predict: int, context_shift: bool, t: Timings,
-                     stop: Sequence[str] = ()) -> Generator[str, None, tuple[int, list[int]]]:
-        """Sample and decode until an end-of-generation token, ``n_predict`` tokens, a ``stop`` string in the text,
-        or a full context (with context shift off). Yields text pieces; returns the new ``n_past`` and the tokens
-        sampled but not decoded into the cache (the last one)."""
-        decoder = self.vocab.stream_decoder()
-        n_generated, text, token = 0, "", None
-        while n_predict < 0 or n_generated < n_predict:
-            start = time.perf_counter()
-            if device_sampler is not None:  # the chain's device prefix runs on the logits where they are
-                token = device_sampler.sample(logits[None])[0]
-            else:
-                token = sampler.sample(logits.cpu().numpy())
-            t.sample_ms += (time.perf_counter() - start) * 1e3
-            t.n_sample += 1
-            if self.on_token is not None:
-                self.on_token(token, sampler)
-            if self.vocab.is_eog(token):
-                break
-            n_generated += 1
-            piece = decoder.push(token)
-            if piece:
-                yield piece
-                if stop:
-                    text, hit = _stop_window(text, piece, stop)
-                    if hit:
-                        break
-            if n_predict >= 0 and n_generated >= n_predict:
-                break
-            room = self._make_room(ctx, n_past, n_keep, context_shift)
-            if room is None:
-                break
-            n_past = room
-            start = time.perf_counter()
-            logits = ctx.decode([token], positions=[n_past])[-1]
-            t.eval_ms += (time.perf_counter() - start) * 1e3
-            t.n_eval += 1
-            n_past += 1
-            token = None
-        tail = decoder.flush()
-        if tail:
-            yield tail
-        return n_past, [] if token is None else [token]
-
-    def _make_room(self, ctx: Context, n_past: int, n_keep: int, context_shift: bool) -> int | None:
-        """``n_past`` after making room for the next token: a context shift when the context is full, None (with a
-        warning) when it is full and shifting is off."""
-        if n_past + 1 < ctx.n_ctx:
-            return n_past
-        if not context_shift:
-            print("\nwarning: context full and context shift is off, stopping", file=sys.stderr)
-            return None
-        self.context_shifts += 1
-        return ctx.context_shift(n_past, n_keep)
-
-    def _device_sampler(self, sampler: CommonSampler) -> BatchSampler | None:
-        """llama.cpp's backend sampling: on with ``backend_sampling``, off (with a warning) for grammars and the
-        reasoning budget."""
-        p = sampler.params
-        if not (p.backend_sampling or p.backend_dist):
-            return None
-        if sampler.grammar is not None or sampler.reasoning_budget is not None:
-            print("warning: backend sampling is off: grammars and the reasoning budget sample on the CPU",
-                  file=sys.stderr)
-            return None
-        return BatchSampler([sampler], self.transformer.device, select_on_device=p.backend_dist)
-
-    def _reuse_prompt_cache(self, ctx: Context, path: str | os.PathLike[str], tokens: list[int]) -> int:
-        """Load a prompt cache and keep its longest common prefix with ``tokens`` (at least one token is left
-        to decode, for the logits). Returns how many prompt tokens need no decoding."""
+        decoder = Decoder(seq, sampler, self.vocab, Rules(n_predict, n_keep, context_shift=context_shift),
+                          n_prompt=len(tokens), speculation=speculation, device=device, timings=t,
+                          on_token=self.on_token)
         try:
-            saved = ctx.load_state(path)
-        except StateError as e:
-            raise StateError(f"prompt cache: {e}") from e
-        n_match = 0
-        for a, b in zip(saved, tokens, strict=False):
-            if a != b:
-                break
-            n_match += 1
-        n_reuse = min(n_match, len(tokens) - 1, ctx.seq_pos_max(0) + 1)
-        ctx.seq_rm(-1, n_reuse, -1)
-        return max(n_reuse, 0)
-
-
-def _stop_window(text: str, piece: str, stop: Sequence[str]) -> tuple[str, bool]:
-    """The recent text kept for stop-string checks after ``piece``, and whether a ``stop`` string is now in it."""
-    text = (text + piece)[-(max(map(len, stop)) + len(piece)):]
-    return text, any(s in text for s in stop)
+            yield from stream_text(decoder, rows)
+        finally:
+            self.context_shifts += decoder.n_shifts
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

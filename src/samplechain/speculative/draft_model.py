@@ -15,6 +15,7 @@ import numpy as np
 
 from samplechain.runtime.context import Context
 from samplechain.runtime.generation import Model
+from samplechain.runtime.sequence import Sequence as CacheSequence
 from samplechain.vocab import Vocab
 
 TOP_K = 10
@@ -54,28 +55,19 @@ class DraftModel:
             check_compatible(target_vocab, draft.vocab)
         self.model, self.n_max, self.n_min, self.p_min = draft, n_max, n_min, p_min
         self.ctx: Context = draft.new_context(n_ctx)
-        self.tokens: list[int] = []  # what the draft cache holds, in order
+        self.seq = CacheSequence(self.ctx)  # what the draft cache holds
         self.sample = sample
         self.rng = np.random.default_rng(seed)
         self.distributions: list[tuple[np.ndarray, np.ndarray]] = []  # per drafted token: (ids, probs)
 
     def begin(self, prompt: Sequence[int]) -> None:
-        self.ctx.clear()
-        self.tokens = []
+        self.seq.clear()
         self._sync(list(prompt))
 
     def _sync(self, history: list[int]) -> None:
-        n = 0
-        for a, b in zip(self.tokens, history, strict=False):
-            if a != b:
-                break
-            n += 1
-        if n < len(self.tokens):
-            self.ctx.seq_rm(0, n, -1)
-        rest = history[n:]
+        rest = history[self.seq.reuse(history, n_fresh=0):]
         if rest:
-            self.ctx.decode(rest, positions=range(n, n + len(rest)), outputs=[False] * len(rest))
-        self.tokens = list(history)
+            self.seq.decode(rest, outputs=[False] * len(rest))
 
     def draft(self, history: Sequence[int], id_last: int) -> list[int]:
         self.distributions = []
@@ -83,11 +75,9 @@ class DraftModel:
             return []
         self._sync(list(history))
         out: list[int] = []
-        token, pos = id_last, len(history)
+        token = id_last
         while len(out) < self.n_max:
-            logits = self.ctx.decode([token], positions=[pos])[-1].cpu().numpy().astype(np.float64)
-            self.tokens.append(token)
-            pos += 1
+            logits = self.seq.decode([token])[-1].cpu().numpy().astype(np.float64)
             top = np.argpartition(-logits, TOP_K)[:TOP_K]
             top = top[np.lexsort((top, -logits[top]))]  # descending logit, ties by id
             p = np.exp(logits[top] - logits[top[0]])
