@@ -1,5 +1,10 @@
-"""What decoding a sequence reports, typed: ``Token`` and ``Final`` from a ``Decoder``; ``Begin``, ``Progress`` and
-``Error`` from the server's scheduler. The server formats them into llama-server's and OpenAI's bodies."""
+"""A decoding task's events, in the order it sends them: ``Begin``, ``Progress`` (prompt reading, when asked),
+``Token`` per sampled token, then ``Final`` or ``Error`` (spec/server.md §5-6).
+
+They cross from the thread that runs the model to whoever reads them (the server's handlers format them as
+llama-server's and OpenAI's JSON in ``samplechain.server.responses``); frozen, so a reader cannot change what
+another holds.
+"""
 
 from __future__ import annotations
 
@@ -7,45 +12,45 @@ from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Begin:
-    """A task took a slot."""
+    """The task has a slot: its prompt is read from here on."""
 
     id_slot: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Progress:
-    """Prompt processing: ``processed`` of ``total`` prompt tokens in the cache (``cache`` of them reused)."""
+    """Prompt reading (``prompt_progress``): once before the prompt, then after each prompt batch."""
 
     id_slot: int
     n_prompt: int
-    total: int
-    cache: int
-    processed: int
-    time_ms: float
+    total: int  # prompt tokens in all
+    cache: int  # of them reused from the slot's cache
+    processed: int  # of them in the cache now
+    time_ms: float  # since the task began
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Token:
-    """A sampled token and the text it releases (empty while UTF-8 or a possible stop string is held back)."""
+    """A sampled token and the text it releases (``text`` may be empty: held back for UTF-8 or a stop string)."""
 
     token: int
     text: str
-    probs: dict[str, Any] | None
+    probs: dict[str, Any] | None  # a ``completion_probabilities`` entry, with n_probs
     n_decoded: int
     n_prompt: int
     id_slot: int
     timings: dict[str, Any]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Final:
-    """The end of a generation: its whole text, tokens, why it stopped and its timings."""
+    """The task's end: its whole text and tokens, why it stopped and its timings."""
 
     content: str
     tokens: list[int]
-    stop_type: str  # "eos", "word" (a stop string), "limit" (a length or time limit, a full context), "none"
+    stop_type: str  # "eos", "word" (a stop string: ``stopping_word``) or "limit"
     stopping_word: str
     truncated: bool
     has_new_line: bool
@@ -57,9 +62,10 @@ class Final:
     id_slot: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Error:
-    """A task ended with an error (HTTP ``code``); a shutdown's cut carries the task's final event too."""
+    """The task failed (``code`` an HTTP status, ``error_type`` llama-server's error type). A task cut short (the
+    server shutting down) carries the ``final`` it had reached."""
 
     code: int
     message: str

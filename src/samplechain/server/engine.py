@@ -19,18 +19,18 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from samplechain.params import CommonSampler, SamplingParams
+from samplechain.runtime.events import Begin, Error, Event, Final, Progress, Token
 from samplechain.runtime.generation import Model
 
 LOGPROB_MIN = -3.4028234663852886e38  # log(0) is reported as the most negative float (spec/server.md §2.3)
 SLOT_PROMPT_SIMILARITY = 0.10
-SHUTTING_DOWN = {"type": "error", "code": 503, "message": "the server is shutting down",
-                 "error_type": "unavailable_error"}
+SHUTTING_DOWN = Error(503, "the server is shutting down", "unavailable_error")
 
 
 @dataclass
@@ -39,7 +39,7 @@ class Task:
 
     tokens: list[int]
     params: SamplingParams
-    emit: Callable[[dict[str, Any]], None]
+    emit: Callable[[Event], None]
     n_predict: int = -1
     n_keep: int = 0
     n_discard: int = 0
@@ -180,7 +180,7 @@ class Engine:
         def begin() -> None:
             self._drain_deadline = deadline
             while self._deferred:
-                self._deferred.popleft().emit(dict(SHUTTING_DOWN))
+                self._deferred.popleft().emit(SHUTTING_DOWN)
             self._check_drain()
 
         self.call(begin)
@@ -233,7 +233,7 @@ class Engine:
                         if self._drain_deadline is None:
                             self._deferred.append(item)
                         elif not item.cancelled.is_set():
-                            item.emit(dict(SHUTTING_DOWN))
+                            item.emit(SHUTTING_DOWN)
                     elif item is not None:  # a call (see call())
                         item()
             except queue.Empty:
@@ -288,7 +288,7 @@ class Engine:
             slot.start(task, self.model, self.speculation)
         except ValueError as e:
             slot.task = None
-            task.emit({"type": "error", "code": 400, "message": str(e), "error_type": "invalid_request_error"})
+            task.emit(Error(400, str(e), "invalid_request_error"))
             return
         n_keep = 0
         if task.cache_prompt:
@@ -301,15 +301,15 @@ class Engine:
         if slot.spec is not None:
             slot.timings.draft_n = 0
         self.metrics.n_cached += n_keep
-        task.emit({"type": "begin", "id_slot": slot.id})
+        task.emit(Begin(slot.id))
         self._progress(slot)
 
     def _progress(self, s: Slot) -> None:
         """``prompt_progress`` (spec/server.md §5.6): once before the prompt, then after each prompt batch."""
         if s.task.return_progress:
-            s.task.emit({"type": "progress", "id_slot": s.id, "n_prompt": len(s.task.tokens), "progress": {
-                "total": len(s.task.tokens), "cache": s.timings.cache_n, "processed": s.prompt_pos,
-                "time_ms": (time.perf_counter() - s.timings.t_start) * 1e3}})
+            s.task.emit(Progress(id_slot=s.id, n_prompt=len(s.task.tokens), total=len(s.task.tokens),
+                                 cache=s.timings.cache_n, processed=s.prompt_pos,
+                                 time_ms=(time.perf_counter() - s.timings.t_start) * 1e3))
 
     def _step(self) -> None:
         """One forward: each generating slot's last token, then prompt chunks up to ``n_batch`` tokens."""
@@ -553,8 +553,8 @@ class Engine:
         if done and s.n_sent < len(s.text):  # text held back for a stop string that never came
             send += s.text[s.n_sent:]
             s.n_sent = len(s.text)
-        task.emit({"type": "token", "token": token, "text": send, "probs": probs, "n_decoded": n,
-                   "n_prompt": len(task.tokens), "id_slot": s.id, "timings": s.timings.to_dict()})
+        task.emit(Token(token=token, text=send, probs=probs, n_decoded=n, n_prompt=len(task.tokens), id_slot=s.id,
+                        timings=s.timings.to_dict()))
         if done:
             self._finish(s, s.stop_type, truncated=s.truncated)
 
@@ -581,7 +581,7 @@ class Engine:
         self._release(s)  # first: a client that has its answer sees the slot idle
         task.emit(final)
 
-    def _final(self, s: Slot, stop_type: str, truncated: bool = False) -> dict[str, Any]:
+    def _final(self, s: Slot, stop_type: str, truncated: bool = False) -> Final:
         """The task's final event: its text, tokens, why it stopped and its timings."""
         task = s.task
         tail = s.decoder.decode(b"", final=True)
@@ -591,10 +591,10 @@ class Engine:
             n_stop = len(self.vocab.tokenize(s.stopping_word, add_special=False))
             probs = probs[:max(len(probs) - n_stop, 0)]
         self.metrics.add_predicted(len(s.generated), s.timings.t_last - s.timings.t_first)
-        return {"type": "final", "content": content, "tokens": list(s.generated), "stop_type": stop_type,
-                "stopping_word": s.stopping_word, "truncated": truncated or s.truncated,
-                "has_new_line": s.has_new_line, "n_prompt": len(task.tokens), "n_decoded": len(s.generated),
-                "n_cached": s.timings.cache_n, "timings": s.timings.to_dict(), "probs": probs, "id_slot": s.id}
+        return Final(content=content, tokens=list(s.generated), stop_type=stop_type, stopping_word=s.stopping_word,
+                     truncated=truncated or s.truncated, has_new_line=s.has_new_line, n_prompt=len(task.tokens),
+                     n_decoded=len(s.generated), n_cached=s.timings.cache_n, timings=s.timings.to_dict(),
+                     probs=probs, id_slot=s.id)
 
     def _cut(self, s: Slot) -> None:
         """Shutdown past the grace period: the task ends where it is, with its final event (finish reason
@@ -604,7 +604,7 @@ class Engine:
             return
         final = self._final(s, "limit")
         self._release(s)
-        task.emit({**SHUTTING_DOWN, "final": final})
+        task.emit(replace(SHUTTING_DOWN, final=final))
 
     def _fail(self, s: Slot, message: str, code: int = 500) -> None:
         """The task ends with an error: 500 for a failed step, 400 where its own sampling chain cannot go on (a
@@ -612,8 +612,7 @@ class Engine:
         task = s.task
         self._release(s)
         if task is not None:
-            task.emit({"type": "error", "code": code, "message": message,
-                       "error_type": "server_error" if code >= 500 else "invalid_request_error"})
+            task.emit(Error(code, message, "server_error" if code >= 500 else "invalid_request_error"))
 
     def _release(self, s: Slot) -> None:
         task = s.task

@@ -38,11 +38,6 @@ def bad_request(message: str) -> APIError:
     return APIError(400, message)
 
 
-def error_event(ev: Mapping[str, Any]) -> APIError:
-    """The engine's error event as the error it answers."""
-    return APIError(ev["code"], ev["message"], ev["error_type"])
-
-
 # --- limits: a request's cost is bounded before its work starts (each breach is a 400 that names the limit) ------
 
 MAX_JSON_DEPTH = 64  # nesting of the request body (llama-server's parser has no limit; Python's recursion has)

@@ -12,7 +12,8 @@ from typing import Any
 from fastapi.responses import Response
 
 from samplechain.params import SamplingParams
-from samplechain.server.request import Options, finite
+from samplechain.runtime.events import Error, Final, Progress, Token
+from samplechain.server.request import APIError, Options, finite
 
 BUILD_INFO = "b1-samplechain"
 _ALNUM = string.ascii_letters + string.digits
@@ -41,6 +42,16 @@ def _finite(obj: Any) -> Any:
 def reply(obj: Any, status: int = 200) -> Response:
     """A JSON response as llama-server sends it."""
     return Response(json_bytes(obj), status_code=status, media_type="application/json; charset=utf-8")
+
+
+def error_event(ev: Error) -> APIError:
+    """The engine's error event as the error it answers."""
+    return APIError(ev.code, ev.message, ev.error_type)
+
+
+def sse(obj: Any) -> bytes:
+    """One server-sent event."""
+    return b"data: " + json_bytes(obj) + b"\n\n"
 
 
 def completion_id() -> str:
@@ -88,41 +99,46 @@ def probs_key(post: bool) -> tuple[str, str]:
     return ("prob", "top_probs") if post else ("logprob", "top_logprobs")
 
 
-def native_final(final: dict[str, Any], *, model: str, prompt_text: str, params: SamplingParams, opts: Options,
+def native_final(final: Final, *, model: str, prompt_text: str, params: SamplingParams, opts: Options,
                  eog: tuple[int, ...], index: int = 0, streamed: bool = False) -> dict[str, Any]:
     """The native ``/completion`` result (and the last event of its stream, with the text already sent)."""
     out: dict[str, Any] = {
         "index": index,
-        "content": "" if streamed else final["content"],
-        "tokens": [] if streamed or not opts.return_tokens else final["tokens"],
-        "id_slot": final["id_slot"], "stop": True, "model": model,
-        "tokens_predicted": final["n_decoded"], "tokens_evaluated": final["n_prompt"],
+        "content": "" if streamed else final.content,
+        "tokens": [] if streamed or not opts.return_tokens else final.tokens,
+        "id_slot": final.id_slot, "stop": True, "model": model,
+        "tokens_predicted": final.n_decoded, "tokens_evaluated": final.n_prompt,
         "generation_settings": settings(params, opts, full=True, eog=eog), "prompt": prompt_text,
-        "has_new_line": final["has_new_line"], "truncated": final["truncated"], "stop_type": final["stop_type"],
-        "stopping_word": final["stopping_word"], "tokens_cached": final["n_prompt"] + final["n_decoded"] - 1,
-        "timings": final["timings"],
+        "has_new_line": final.has_new_line, "truncated": final.truncated, "stop_type": final.stop_type,
+        "stopping_word": final.stopping_word, "tokens_cached": final.n_prompt + final.n_decoded - 1,
+        "timings": final.timings,
     }
     if params.n_probs > 0 and not streamed:
-        out["completion_probabilities"] = final["probs"]
+        out["completion_probabilities"] = final.probs
     if opts.response_fields:
         out = project(out, opts.response_fields)
     return out
 
 
-def native_event(ev: dict[str, Any], params: SamplingParams, opts: Options, index: int = 0) -> dict[str, Any]:
-    out: dict[str, Any] = {"index": index, "content": ev["text"], "tokens": [ev["token"]], "stop": False,
-                           "id_slot": ev["id_slot"], "tokens_predicted": ev["n_decoded"],
-                           "tokens_evaluated": ev["n_prompt"]}
+def native_event(ev: Token, params: SamplingParams, opts: Options, index: int = 0) -> dict[str, Any]:
+    """A token's event of a native ``/completion`` stream."""
+    out: dict[str, Any] = {"index": index, "content": ev.text, "tokens": [ev.token], "stop": False,
+                           "id_slot": ev.id_slot, "tokens_predicted": ev.n_decoded, "tokens_evaluated": ev.n_prompt}
     if opts.timings_per_token:
-        out["timings"] = ev["timings"]
-    if params.n_probs > 0 and ev["probs"] is not None:
-        out["completion_probabilities"] = [ev["probs"]]
+        out["timings"] = ev.timings
+    if params.n_probs > 0 and ev.probs is not None:
+        out["completion_probabilities"] = [ev.probs]
     return out
 
 
-def native_progress(ev: dict[str, Any], index: int = 0) -> dict[str, Any]:
-    return {"index": index, "content": "", "tokens": [], "stop": False, "id_slot": ev["id_slot"],
-            "tokens_predicted": 0, "tokens_evaluated": ev["n_prompt"], "prompt_progress": ev["progress"]}
+def prompt_progress(ev: Progress) -> dict[str, Any]:
+    """``prompt_progress`` (spec/server.md §5.6)."""
+    return {"total": ev.total, "cache": ev.cache, "processed": ev.processed, "time_ms": ev.time_ms}
+
+
+def native_progress(ev: Progress, index: int = 0) -> dict[str, Any]:
+    return {"index": index, "content": "", "tokens": [], "stop": False, "id_slot": ev.id_slot,
+            "tokens_predicted": 0, "tokens_evaluated": ev.n_prompt, "prompt_progress": prompt_progress(ev)}
 
 
 def project(obj: dict[str, Any], paths: tuple[str, ...]) -> dict[str, Any]:
@@ -139,15 +155,15 @@ def project(obj: dict[str, Any], paths: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def usage(finals: list[dict[str, Any]]) -> dict[str, Any]:
-    prompt = finals[0]["n_prompt"] if finals else 0
-    completion = sum(f["n_decoded"] for f in finals)
+def usage(finals: list[Final]) -> dict[str, Any]:
+    prompt = finals[0].n_prompt if finals else 0
+    completion = sum(f.n_decoded for f in finals)
     return {"completion_tokens": completion, "prompt_tokens": prompt, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": finals[0]["n_cached"] if finals else 0}}
+            "prompt_tokens_details": {"cached_tokens": finals[0].n_cached if finals else 0}}
 
 
-def finish_reason(final: dict[str, Any]) -> str:
-    return "stop" if final["stop_type"] in ("eos", "word") else "length"
+def finish_reason(final: Final) -> str:
+    return "stop" if final.stop_type in ("eos", "word") else "length"
 
 
 def oai_envelope(obj: str, cid: str, model: str, created: int | None = None) -> dict[str, Any]:
@@ -155,14 +171,25 @@ def oai_envelope(obj: str, cid: str, model: str, created: int | None = None) -> 
             "object": obj, "id": cid}
 
 
-def oai_completion(finals: list[dict[str, Any]], cid: str, model: str) -> dict[str, Any]:
-    choices = [{"text": f["content"], "index": i, "finish_reason": finish_reason(f),
-                "logprobs": {"content": f["probs"]} if f["probs"] else None} for i, f in enumerate(finals)]
+def oai_completion(finals: list[Final], cid: str, model: str) -> dict[str, Any]:
+    choices = [{"text": f.content, "index": i, "finish_reason": finish_reason(f),
+                "logprobs": {"content": f.probs} if f.probs else None} for i, f in enumerate(finals)]
     return {"choices": choices, **oai_envelope("text_completion", cid, model), "usage": usage(finals),
-            "timings": finals[0]["timings"]}
+            "timings": finals[0].timings}
 
 
-def oai_chat(finals: list[dict[str, Any]], cid: str, model: str, reasoning: list[tuple[str, str]],
+def oai_completion_chunk(ev: Token | Final, index: int, env: dict[str, Any]) -> dict[str, Any] | None:
+    """A ``/v1/completions`` stream's chunk for a token (None when it releases nothing) or a choice's end."""
+    if isinstance(ev, Final):
+        return {"choices": [{"text": "", "index": index, "logprobs": None, "finish_reason": finish_reason(ev)}],
+                **env, "usage": usage([ev]), "timings": ev.timings}
+    if not ev.text and ev.probs is None:
+        return None
+    probs = {"content": [ev.probs]} if ev.probs is not None else None
+    return {"choices": [{"text": ev.text, "index": index, "logprobs": probs, "finish_reason": None}], **env}
+
+
+def oai_chat(finals: list[Final], cid: str, model: str, reasoning: list[tuple[str, str]],
              with_logprobs: bool) -> dict[str, Any]:
     choices = []
     for i, f in enumerate(finals):
@@ -172,10 +199,69 @@ def oai_chat(finals: list[dict[str, Any]], cid: str, model: str, reasoning: list
             message["reasoning_content"] = thought
         choice: dict[str, Any] = {"finish_reason": finish_reason(f), "index": i, "message": message}
         if with_logprobs:
-            choice["logprobs"] = {"content": f["probs"]}
+            choice["logprobs"] = {"content": f.probs}
         choices.append(choice)
     return {"choices": choices, **oai_envelope("chat.completion", cid, model), "usage": usage(finals),
-            "timings": finals[0]["timings"]}
+            "timings": finals[0].timings}
+
+
+class ChatStream:
+    """A streamed chat completion's chunks, event by event: each choice's role first, its reasoning split off its
+    content, logprobs and timings as asked, then its finish reason; the usage at the end (``include_usage``)."""
+
+    def __init__(self, cid: str, model: str, created: int, opts: Options, thinking: bool, started: bool,
+                 with_logprobs: bool) -> None:
+        self.cid, self.model, self.created, self.opts = cid, model, created, opts
+        self.with_logprobs = with_logprobs
+        self.splitters = [ReasoningSplitter(thinking, started) for _ in range(opts.n_cmpl)]
+        self.role_sent = [False] * opts.n_cmpl
+        self.finals: list[Final] = []
+
+    def envelope(self) -> dict[str, Any]:
+        return oai_envelope("chat.completion.chunk", self.cid, self.model, self.created)
+
+    def chunks(self, index: int, ev: Progress | Token | Final) -> list[dict[str, Any]]:
+        """The chunks of choice ``index``'s event (none when it releases nothing yet)."""
+        env = self.envelope()
+        if isinstance(ev, Progress):  # rides on the role chunk, then on empty deltas
+            delta0: dict[str, Any] = {} if self.role_sent[index] else {"role": "assistant", "content": None}
+            self.role_sent[index] = True
+            return [{"choices": [{"finish_reason": None, "index": index, "delta": delta0}], **env,
+                     "prompt_progress": prompt_progress(ev)}]
+        out: list[dict[str, Any]] = []
+        if not self.role_sent[index]:
+            self.role_sent[index] = True
+            out.append({"choices": [{"finish_reason": None, "index": index,
+                                     "delta": {"role": "assistant", "content": None}}], **env})
+        token = ev if isinstance(ev, Token) else None
+        thought, content = self.splitters[index].push("" if token is None else token.text, final=token is None)
+        delta: dict[str, Any] = {}
+        if thought:
+            delta["reasoning_content"] = thought
+        if content:
+            delta["content"] = content
+        logprobs = token is not None and token.probs is not None and self.with_logprobs
+        if delta or logprobs:
+            chunk: dict[str, Any] = {"choices": [{"finish_reason": None, "index": index, "delta": delta}], **env}
+            if logprobs:
+                chunk["choices"][0]["logprobs"] = {"content": [token.probs]}
+            if token is not None and self.opts.timings_per_token:
+                chunk["timings"] = token.timings
+            out.append(chunk)
+        if isinstance(ev, Final):
+            self.finals.append(ev)
+            last: dict[str, Any] = {"choices": [{"finish_reason": finish_reason(ev), "index": index, "delta": {}}],
+                                    **env}
+            if not self.opts.include_usage:
+                last["timings"] = ev.timings
+            out.append(last)
+        return out
+
+    def usage_chunk(self) -> dict[str, Any] | None:
+        """The last chunk, with the usage of every choice (``include_usage``), or None."""
+        if not self.opts.include_usage or not self.finals:
+            return None
+        return {"choices": [], **self.envelope(), "usage": usage(self.finals), "timings": self.finals[-1].timings}
 
 
 class ReasoningSplitter:

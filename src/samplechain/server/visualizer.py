@@ -15,7 +15,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from fastapi import Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from samplechain.server import request as rq
@@ -32,8 +32,9 @@ MAX_N_TOP = 100
 MAX_STEPS = 64  # a trace holds the engine between two of its steps: keep it short
 
 
-def add_routes(app: Any, state: Any) -> None:
-    """Add ``POST /sampling/trace``, the page at ``/`` and its assets to ``app`` (the server's FastAPI app)."""
+def router(state: Any) -> APIRouter:
+    """``POST /sampling/trace``, the page at ``/`` and its assets, over ``state``'s model and engine."""
+    routes = APIRouter()
     config = state.config
     holder: dict[str, Any] = {}  # the trace context, made on the engine thread at the first trace
 
@@ -43,16 +44,16 @@ def add_routes(app: Any, state: Any) -> None:
             raise APIError(404, "File Not Found", "not_found_error")
         return Response(path.read_bytes(), media_type=_TYPES[path.suffix], headers={"Cache-Control": "no-cache"})
 
-    @app.get("/")
-    @app.get("/index.html")
+    @routes.get("/")
+    @routes.get("/index.html")
     async def page() -> Response:
         return static("index.html")
 
-    @app.get(ASSET_PREFIX + "{name}")
+    @routes.get(ASSET_PREFIX + "{name}")
     async def asset(name: str) -> Response:
         return static(name)
 
-    @app.post("/sampling/trace")
+    @routes.post("/sampling/trace")
     async def sampling_trace(req: Request) -> Response:
         body = await rq.read_json(req)
         model, engine = state.model, state.engine
@@ -88,6 +89,8 @@ def add_routes(app: Any, state: Any) -> None:
         out["n_ctx"] = n_ctx
         out["prompt"] = b"".join(map(model.vocab.token_bytes, tokens)).decode("utf-8", "replace")  # specials shown
         return reply(out)
+
+    return routes
 
 
 def _assets() -> frozenset[str]:

@@ -1,0 +1,91 @@
+"""A completion request's tasks before they are submitted: its parameters, its prompts (each checked against a
+slot's context) and one sampler per task. Run off the event loop (``asyncio.to_thread``) and the engine thread:
+templates, tokenizing and grammar compilation never hold up other streams or the model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from samplechain.params import SamplingParams
+from samplechain.server import request as rq
+from samplechain.server import responses as rs
+from samplechain.server.request import APIError, Options, bad_request
+
+if TYPE_CHECKING:
+    from samplechain.server.state import ServerState
+
+
+@dataclass
+class Job:
+    """One task of a request before it is submitted: its prompt, its parameters and its sampler."""
+
+    tokens: list[int]
+    params: SamplingParams
+    sampler: Any
+
+
+def choice_params(params: SamplingParams, i: int) -> SamplingParams:
+    """Choice ``i`` of ``n``: its own seed when the seed is fixed, so the choices differ."""
+    if i == 0 or params.seed == SamplingParams().seed:
+        return params
+    return replace(params, seed=(params.seed + i) & 0xFFFFFFFF)
+
+
+def jobs(state: ServerState, params: SamplingParams, opts: Options, prompts: list[list[int]]) -> list[Job]:
+    """Each prompt times each of the ``n`` choices, with its sampler: the grammar is compiled once, within its
+    budget. Out-of-vocabulary logit-bias ids are a 400 (llama-server skips them silently: spec/samplers P28)."""
+    todo = [(p, choice_params(params, i)) for p in prompts for i in range(opts.n_cmpl)]
+    built = rq.samplers([q for _, q in todo], state.model)
+    return [Job(p, q, sampler) for (p, q), sampler in zip(todo, built, strict=True)]
+
+
+def check_fits(state: ServerState, tokens: list[int]) -> None:
+    """A prompt must leave a slot's context room for one token, and must not be empty."""
+    n_ctx = state.running_engine.n_ctx_slot
+    if len(tokens) >= n_ctx:
+        raise APIError(400, f"request ({len(tokens)} tokens) exceeds the available context size ({n_ctx} "
+                       "tokens), try increasing it", "exceed_context_size_error",
+                       n_prompt_tokens=len(tokens), n_ctx=n_ctx)
+    if not tokens:
+        raise bad_request("the prompt is empty")
+
+
+def prepare(state: ServerState, body: dict[str, Any]) -> tuple[SamplingParams, Options]:
+    """A request's sampling parameters and options over the server's defaults."""
+    config = state.config
+    params = rq.parse_sampling(body, config.defaults)
+    opts = rq.parse_options(body, config.defaults, config.n_slots)
+    return params, opts
+
+
+def prepare_completion(state: ServerState, body: dict[str, Any]) -> tuple[SamplingParams, Options, list[Job]]:
+    """A completion request's parameters and its tasks (each prompt checked against a slot's context)."""
+    try:
+        params, opts = prepare(state, body)
+        prompts = rq.prompts(state.model, body, state.running_engine.n_ctx_slot, opts.n_cmpl)
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+    for p in prompts:
+        check_fits(state, p)
+    return params, opts, jobs(state, params, opts, prompts)
+
+
+def prepare_chat(state: ServerState, body: dict[str, Any]) -> tuple[SamplingParams, Options, list[Job], str]:
+    """A chat request's parameters, its prompt tokens (through the chat template) and the generation prompt."""
+    n_ctx = state.running_engine.n_ctx_slot
+    try:
+        text, generation_prompt = rq.chat_prompt(state.model, body, n_ctx)
+        fields = {**body, **rq.response_format(body), **rq.chat_logprobs(body)}
+        if generation_prompt and "generation_prompt" not in body:
+            fields["generation_prompt"] = generation_prompt
+        params, opts = prepare(state, fields)
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+    if params.reasoning_budget_tokens >= 0 and not params.reasoning_budget_start_tag:
+        # a thinking budget from the request: the thinking block's tags, as the chat format gives them
+        params = replace(params, reasoning_budget_start_tag=rs.ReasoningSplitter.START,
+                         reasoning_budget_end_tags=(rs.ReasoningSplitter.END,))
+    tokens = rq.tokenize_mixed(state.model, text, n_ctx=n_ctx)
+    check_fits(state, tokens)
+    return params, opts, jobs(state, params, opts, [tokens]), generation_prompt

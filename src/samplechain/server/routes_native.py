@@ -1,0 +1,216 @@
+"""llama-server's native API: ``/completion``, ``/tokenize``, ``/detokenize``, ``/apply-template``, and the
+server's own state: ``/health``, ``/props``, ``/slots``, ``/metrics`` (spec/server.md §3)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from samplechain.runtime.events import Error, Final, Progress, Token
+from samplechain.server import request as rq
+from samplechain.server import responses as rs
+from samplechain.server.jobs import prepare_completion
+from samplechain.server.request import APIError, Options, bad_request
+from samplechain.server.responses import error_event, reply, sse
+from samplechain.server.run import Run, streaming
+
+if TYPE_CHECKING:
+    from samplechain.server.state import ServerState
+
+
+def router(state: ServerState) -> APIRouter:
+    """The native routes over ``state``'s model and engine."""
+    routes = APIRouter()
+    config = state.config
+
+    @routes.get("/health")
+    @routes.get("/v1/health")
+    async def health() -> Response:
+        return reply({"status": "ok"})
+
+    @routes.get("/props")
+    async def props() -> Response:
+        m = state.model
+        vocab = m.vocab
+        opts = Options(n_predict=config.defaults.n_predict, n_keep=config.defaults.n_keep)
+
+        def text(t: int | None) -> str:
+            return vocab.token_bytes(t).decode("utf-8", "replace") if t is not None else ""
+
+        return reply({
+            "default_generation_settings": {"params": rs.settings(config.defaults.params, opts),
+                                            "n_ctx": state.running_engine.n_ctx_slot},
+            "total_slots": config.n_slots, "model_alias": state.model_id,
+            "model_path": os.path.basename(m.path),  # the file's name: its folder is nobody's business
+            "modalities": {"vision": False, "video": False, "audio": False},
+            "endpoint_slots": config.slots, "endpoint_props": config.props, "endpoint_metrics": config.metrics,
+            "chat_template": vocab.chat_template or "", "chat_template_caps": {}, "bos_token": text(vocab.bos),
+            "eos_token": text(vocab.eos), "build_info": rs.BUILD_INFO, "is_sleeping": False,
+            "ui": False, "cors_proxy_enabled": False,
+        })
+
+    @routes.post("/props")
+    async def set_props() -> Response:
+        if not config.props:
+            raise APIError(501, "This server does not support changing global properties. Start it with `--props`",
+                           "not_supported_error")
+        return reply({"success": True})
+
+    @routes.post("/tokenize")
+    async def tokenize(req: Request) -> Response:
+        body = await rq.read_json(req)
+        content = body.get("content")
+        if content is None:
+            return reply({"tokens": []})
+        add_special = body.get("add_special", False)
+        parse_special = body.get("parse_special", True)
+        if not isinstance(add_special, bool) or not isinstance(parse_special, bool):
+            raise bad_request("add_special and parse_special must be true or false")
+        parts = [content] if isinstance(content, str) else content if isinstance(content, list) else []
+        n_chars = sum(len(p) for p in parts if isinstance(p, str))
+        if n_chars > rq.MAX_TOKENIZE_CHARS:
+            raise bad_request(f"Field 'content': at most {rq.MAX_TOKENIZE_CHARS} characters, got {n_chars}")
+        if isinstance(content, str):
+            tokens = await asyncio.to_thread(state.model.tokenize, content, add_special=add_special,
+                                             parse_special=parse_special)
+        else:
+            tokens = await asyncio.to_thread(rq.tokenize_mixed, state.model, content, add_special)
+        if body.get("with_pieces"):
+            pieces = []
+            for t in tokens:
+                data = state.model.vocab.token_bytes(t)
+                try:
+                    piece: Any = data.decode("utf-8")
+                except UnicodeDecodeError:
+                    piece = list(data)
+                pieces.append({"id": t, "piece": piece})
+            return reply({"tokens": pieces})
+        return reply({"tokens": tokens})
+
+    @routes.post("/detokenize")
+    async def detokenize(req: Request) -> Response:
+        body = await rq.read_json(req)
+        tokens = body.get("tokens") or []
+        n_vocab = state.model.config.n_vocab
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise bad_request("'tokens' must be an array of token ids")
+        if any(not 0 <= t < n_vocab for t in tokens):
+            raise bad_request(f"token ids must be in [0, {n_vocab})")
+        data = b"".join(state.model.vocab.token_bytes(t) for t in tokens)
+        return reply({"content": data.decode("utf-8", "replace")})
+
+    @routes.post("/apply-template")
+    async def apply_template(req: Request) -> Response:
+        body = await rq.read_json(req)
+        try:
+            prompt, _ = await asyncio.to_thread(rq.chat_prompt, state.model, body)
+        except ValueError as e:
+            raise bad_request(str(e)) from None
+        return reply({"prompt": prompt})
+
+    @routes.get("/slots")
+    async def slots(req: Request) -> Response:
+        if not config.slots:
+            raise APIError(501, "This server does not support slots endpoint. Start it with `--slots`",
+                           "not_supported_error")
+        eng = state.running_engine
+        if req.query_params.get("fail_on_no_slot") in ("1", "true") and all(s.busy for s in eng.slots):
+            raise APIError(503, "no slot available", "unavailable_error")
+        out = []
+        for s in eng.slots:
+            task = s.task  # read once: the engine thread may release the slot meanwhile
+            d: dict[str, Any] = {"id": s.id, "n_ctx": s.n_ctx, "speculative": eng.speculation is not None,
+                                 "is_processing": task is not None}
+            last = s.last_task if task is None else {
+                "id_task": task.id, "n_prompt_tokens": len(task.tokens),
+                "n_prompt_tokens_processed": s.timings.prompt_n, "n_prompt_tokens_cache": s.timings.cache_n,
+                "params": task.params, "n_decoded": len(s.generated), "n_predict": task.n_predict}
+            if last is not None:
+                n_remain = -1 if last["n_predict"] < 0 else max(last["n_predict"] - last["n_decoded"], 0)
+                d.update({k: last[k] for k in ("id_task", "n_prompt_tokens", "n_prompt_tokens_processed",
+                                               "n_prompt_tokens_cache")})
+                d["params"] = rs.settings(last["params"], Options(n_predict=last["n_predict"]))
+                d["next_token"] = [{"has_next_token": task is not None,
+                                    "has_new_line": task is not None and s.has_new_line,
+                                    "n_remain": n_remain,
+                                    "n_decoded": last["n_decoded"]}]
+            out.append(d)
+        return reply(out)
+
+    @routes.get("/metrics")
+    async def metrics() -> Response:
+        if not config.metrics:
+            raise APIError(501, "This server does not support metrics endpoint. Start it with `--metrics`",
+                           "not_supported_error")
+        eng = state.running_engine
+        m = eng.metrics
+        wp, wd = m.window_prompt, m.window_predicted
+        rows = [
+            ("counter", "prompt_tokens_total", "Number of prompt tokens processed.", m.prompt_tokens_total),
+            ("counter", "prompt_tokens_cached_total", "Number of prompt tokens reused from the cache.", m.n_cached),
+            ("counter", "prompt_seconds_total", "Prompt process time", m.prompt_seconds_total),
+            ("counter", "tokens_predicted_total", "Number of generation tokens processed.",
+             m.tokens_predicted_total),
+            ("counter", "tokens_predicted_seconds_total", "Predict process time",
+             m.tokens_predicted_seconds_total),
+            ("counter", "n_decode_total", "Total number of llama_decode() calls", m.n_decode_total),
+            ("counter", "n_tokens_max", "Largest observed n_tokens.", m.n_tokens_max),
+            ("counter", "spec_decode_num_drafts_total", "Number of speculative drafts.", m.spec_drafts),
+            ("counter", "spec_decode_num_draft_tokens_total", "Number of drafted tokens.", m.spec_draft_tokens),
+            ("counter", "spec_decode_num_accepted_tokens_total", "Number of accepted draft tokens.",
+             m.spec_accepted_tokens),
+            ("gauge", "n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
+             m.n_busy_slots_total / m.n_decode_total if m.n_decode_total else 0.0),
+            ("gauge", "prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
+             wp[0] / wp[1] if wp[1] > 0 else 0.0),
+            ("gauge", "predicted_tokens_seconds", "Average generation throughput in tokens/s.",
+             wd[0] / wd[1] if wd[1] > 0 else 0.0),
+            ("gauge", "requests_processing", "Number of requests processing.", sum(s.busy for s in eng.slots)),
+            ("gauge", "requests_deferred", "Number of requests deferred.", eng.n_deferred),
+        ]
+        m.window_prompt, m.window_predicted = [0, 0.0], [0, 0.0]
+        lines = []
+        for kind, name, help_text, value in rows:
+            lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}",
+                      f"llamacpp:{name} {value}"]
+        return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4",
+                        headers={"Process-Start-Time-Unix": str(int(state.started))})
+
+    @routes.post("/completion")
+    @routes.post("/completions")
+    async def completion(req: Request) -> Response:
+        params, opts, todo = await asyncio.to_thread(prepare_completion, state, await rq.read_json(req))
+        run = Run(state.running_engine, req.is_disconnected)
+        for k, job in enumerate(todo):
+            run.submit(job, opts, k)
+        texts = [state.model.vocab.detokenize(job.tokens) for job in todo]
+        eog = tuple(sorted(state.model.vocab.eog))
+        model_id = state.model_id
+        if not opts.stream:
+            finals = await run.finals()
+            outs = [rs.native_final(f, model=model_id, prompt_text=texts[k], params=params, opts=opts, eog=eog,
+                                    index=k) for k, f in enumerate(finals)]
+            return reply(outs[0] if len(outs) == 1 else outs)
+        await run.started()
+
+        async def events() -> AsyncIterator[bytes]:
+            async for index, ev in run.events():
+                match ev:
+                    case Progress():
+                        yield sse(rs.native_progress(ev, index))
+                    case Token():
+                        yield sse(rs.native_event(ev, params, opts, index))
+                    case Final():
+                        yield sse(rs.native_final(ev, model=model_id, prompt_text=texts[index], params=params,
+                                                  opts=opts, eog=eog, index=index, streamed=True))
+                    case Error():
+                        yield sse(error_event(ev).body())
+                        return
+        return streaming(events(), run)
+
+    return routes

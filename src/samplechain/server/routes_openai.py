@@ -1,0 +1,114 @@
+"""OpenAI's API: ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` (spec/server.md §3.5-3.7)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from samplechain.runtime.events import Error, Final, Token
+from samplechain.server import request as rq
+from samplechain.server import responses as rs
+from samplechain.server.jobs import prepare_chat, prepare_completion
+from samplechain.server.responses import error_event, reply, sse
+from samplechain.server.run import Run, streaming
+
+if TYPE_CHECKING:
+    from samplechain.server.state import ServerState
+
+
+def router(state: ServerState) -> APIRouter:
+    """The OpenAI-compatible routes over ``state``'s model and engine."""
+    routes = APIRouter()
+    config = state.config
+
+    @routes.get("/v1/models")
+    @routes.get("/models")
+    async def models() -> Response:
+        m = state.model
+        meta = {"vocab_type": 2, "n_vocab": m.config.n_vocab, "n_ctx": state.running_engine.n_ctx_slot,
+                "n_ctx_train": m.config.n_ctx_train, "n_embd": m.config.n_embd,
+                "n_params": m.transformer.n_params if hasattr(m.transformer, "n_params") else 0,
+                "size": os.path.getsize(m.path), "ftype": ""}
+        mid = state.model_id
+        return reply({"object": "list",
+                      "data": [{"id": mid, "aliases": sorted(config.alias), "tags": [], "object": "model",
+                                "created": int(time.time()), "owned_by": "samplechain", "meta": meta}],
+                      "models": [{"name": mid, "model": mid, "modified_at": "", "size": "", "digest": "",
+                                  "type": "model", "description": "", "tags": [""], "capabilities": ["completion"],
+                                  "parameters": "", "details": {"parent_model": "", "format": "gguf", "family": "",
+                                                                "families": [""], "parameter_size": "",
+                                                                "quantization_level": ""}}]})
+
+    @routes.post("/v1/completions")
+    async def oai_completions(req: Request) -> Response:
+        _, opts, todo = await asyncio.to_thread(prepare_completion, state, await rq.read_json(req))
+        run = Run(state.running_engine, req.is_disconnected)
+        for k, job in enumerate(todo):  # every prompt's choices, in order
+            run.submit(job, opts, k)
+        cid, model_id = rs.completion_id(), state.model_id
+        if not opts.stream:
+            finals = await run.finals()
+            return reply(rs.oai_completion(finals, cid, model_id))
+        await run.started()
+        created = int(time.time())
+
+        async def events() -> AsyncIterator[bytes]:
+            async for index, ev in run.events():
+                if isinstance(ev, Error):
+                    yield sse(error_event(ev).body())
+                    return
+                if isinstance(ev, (Token, Final)):
+                    env = rs.oai_envelope("text_completion", cid, model_id, created)
+                    chunk = rs.oai_completion_chunk(ev, index, env)
+                    if chunk is not None:
+                        yield sse(chunk)
+            yield b"data: [DONE]\n\n"
+        return streaming(events(), run)
+
+    @routes.post("/v1/chat/completions")
+    @routes.post("/chat/completions")
+    async def chat_completions(req: Request) -> Response:
+        body = await rq.read_json(req)
+        # templates, tokenizing and grammar compilation off the event loop: other streams keep flowing
+        params, opts, todo, generation_prompt = await asyncio.to_thread(prepare_chat, state, body)
+        tokens = todo[0].tokens
+        vocab = state.model.vocab
+        reasoning_format = body.get("reasoning_format", "auto")
+        thinking = reasoning_format != "none"
+        started = generation_prompt.rstrip().endswith(rs.ReasoningSplitter.START)
+        with_logprobs = params.n_probs > 0 and bool(body.get("logprobs"))
+        run = Run(state.running_engine, req.is_disconnected)
+        for k, job in enumerate(todo):
+            run.submit(job, opts, k)
+        cid, model_id = rs.completion_id(), state.model_id
+        if not opts.stream:
+            finals = await run.finals()
+            split = [rs.ReasoningSplitter(thinking, started).push(f.content, final=True) for f in finals]
+            out = rs.oai_chat(finals, cid, model_id, split, with_logprobs)
+            if opts.verbose:
+                out["__verbose"] = {"prompt": vocab.detokenize(tokens), "content": finals[0].content}
+            return reply(out)
+        await run.started()
+        chat = rs.ChatStream(cid, model_id, int(time.time()), opts, thinking, started, with_logprobs)
+
+        async def events() -> AsyncIterator[bytes]:
+            async for index, ev in run.events():
+                if isinstance(ev, Error):
+                    yield sse(error_event(ev).body())
+                    return
+                chunks = chat.chunks(index, ev)
+                if chunks:
+                    yield b"".join(map(sse, chunks))
+            last = chat.usage_chunk()
+            if last is not None:
+                yield sse(last)
+            yield b"data: [DONE]\n\n"
+        return streaming(events(), run)
+
+    return routes

@@ -1,0 +1,112 @@
+"""The server's settings and its state: the model and the engine, once loaded."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from samplechain.server.engine import Engine
+from samplechain.server.request import Defaults
+
+
+@dataclass
+class ServerConfig:
+    """``samplechain serve``'s settings (llama-server's flags, spec/server.md §9)."""
+
+    model: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    n_slots: int = 4
+    n_ctx: int = 0
+    n_batch: int = 512
+    n_threads: int | None = None
+    device: str = "cpu"
+    kernel: str | None = None
+    api_keys: tuple[str, ...] = ()
+    cors_origins: str = "localhost"  # loopback pages only; "*" any origin (without credentials), or a list
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"
+    cors_headers: str = "*"
+    cors_credentials: bool = True
+    timeout: int = 600  # seconds a request body may take, or a response's writes stay blocked (llama-server's)
+    head_timeout: float = 10.0  # seconds for a request's head to arrive in full (slowloris)
+    shutdown_grace: float = 10.0  # seconds running requests may finish after SIGTERM / SIGINT
+    metrics: bool = False
+    slots: bool = True
+    props: bool = False
+    alias: tuple[str, ...] = ()
+    context_shift: bool = False
+    special: bool = False
+    defaults: Defaults = field(default_factory=Defaults)
+    speculation: Callable[[], Any] | None = None  # a fresh Speculation per task (n-gram drafters), or None
+
+
+class ServerState:
+    """The model and engine once loaded (the listener answers 503 until then)."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.model: Any = None
+        self.engine: Engine | None = None
+        self.error: str | None = None
+        self.ready = threading.Event()
+        self.failed = threading.Event()
+        self.started = time.time()
+
+    def start(self, model: Any = None, on_error: Callable[[], None] | None = None) -> threading.Thread:
+        """Start the engine thread: it loads the model (unless given), then runs the engine. The model is only ever
+        run on that thread: with OpenMP, a second thread driving the compiled forward makes libgomp throttle its
+        spinning and every step about 3x slower on a small machine. ``ready`` is set once loaded; on failure the
+        error is kept (503 bodies, /health) and ``on_error`` is called."""
+
+        def run() -> None:
+            try:
+                loaded = model
+                if loaded is None:
+                    from samplechain.runtime import load_model
+
+                    loaded = load_model(self.config.model, device=self.config.device,
+                                        n_threads=self.config.n_threads, kernel=self.config.kernel)
+                self.model = loaded
+                self.engine = Engine(loaded, self.config.n_slots, self.config.n_ctx, self.config.n_batch,
+                                     self.config.context_shift, self.config.special, self.config.speculation)
+            except Exception as e:
+                self.error = f"{type(e).__name__}: {e}"
+                self.failed.set()
+                if on_error is not None:
+                    on_error()
+                return
+            self.ready.set()
+            self.engine.run()
+
+        thread = threading.Thread(target=run, name="samplechain-engine", daemon=True)
+        thread.start()
+        return thread
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until the model is loaded; raises RuntimeError with the load error."""
+        deadline = None if timeout is None else time.time() + timeout
+        while not self.ready.is_set():
+            if self.failed.wait(0.05):
+                raise RuntimeError(f"the model failed to load: {self.error}")
+            if deadline is not None and time.time() > deadline:
+                raise RuntimeError("the model did not load in time")
+
+    @property
+    def running_engine(self) -> Engine:
+        """The engine of a loaded server (a route has it: the ``Gate`` answers 503 until then)."""
+        assert self.engine is not None
+        return self.engine
+
+    @property
+    def model_id(self) -> str:
+        if self.config.alias:
+            return sorted(self.config.alias)[0]
+        return os.path.basename(self.model.path) if self.model is not None else ""
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
