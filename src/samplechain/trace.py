@@ -252,7 +252,12 @@ class TraceContext:
         self.ctx: Context = model.new_context(n_ctx, n_seq_max=1, n_batch=n_batch)
         from samplechain.runtime.sequence import Sequence as CacheSequence
 
-        self.seq = CacheSequence(self.ctx)  # the tokens in the cache, position by position
+        self.seq = CacheSequence(self.ctx)
+
+    @property
+    def cached(self) -> list[int]:
+        """The tokens in the cache, position by position."""
+        return self.seq.tokens
 
     @property
     def n_ctx(self) -> int:

@@ -2,7 +2,8 @@
 
 import pytest
 
-from samplechain.server.engine import _complete_utf8, find_stop, partial_stop
+from samplechain.runtime.decoding import complete_utf8 as _complete_utf8
+from samplechain.runtime.decoding import find_stop, partial_stop
 from samplechain.server.responses import ReasoningSplitter
 
 

@@ -123,20 +123,16 @@ def router(state: ServerState) -> APIRouter:
             raise APIError(503, "no slot available", "unavailable_error")
         out = []
         for s in eng.slots:
-            task = s.task  # read once: the engine thread may release the slot meanwhile
+            running, last = s.info()  # read once: the engine thread may release the slot meanwhile
             d: dict[str, Any] = {"id": s.id, "n_ctx": s.n_ctx, "speculative": eng.speculation is not None,
-                                 "is_processing": task is not None}
-            last = s.last_task if task is None else {
-                "id_task": task.id, "n_prompt_tokens": len(task.tokens),
-                "n_prompt_tokens_processed": s.timings.prompt_n, "n_prompt_tokens_cache": s.timings.cache_n,
-                "params": task.params, "n_decoded": len(s.generated), "n_predict": task.n_predict}
+                                 "is_processing": running}
             if last is not None:
                 n_remain = -1 if last["n_predict"] < 0 else max(last["n_predict"] - last["n_decoded"], 0)
                 d.update({k: last[k] for k in ("id_task", "n_prompt_tokens", "n_prompt_tokens_processed",
                                                "n_prompt_tokens_cache")})
                 d["params"] = rs.settings(last["params"], Options(n_predict=last["n_predict"]))
-                d["next_token"] = [{"has_next_token": task is not None,
-                                    "has_new_line": task is not None and s.has_new_line,
+                d["next_token"] = [{"has_next_token": running,
+                                    "has_new_line": running and last["has_new_line"],
                                     "n_remain": n_remain,
                                     "n_decoded": last["n_decoded"]}]
             out.append(d)
