@@ -16,7 +16,7 @@ from samplechain.params.checks import (
     TRIGGER_WORD,
     parse_logit_bias,
 )
-from samplechain.params.common_sampler import CommonSampler, tokenize_logit_bias
+from samplechain.params.common_sampler import CommonSampler, Observer, tokenize_logit_bias
 from samplechain.params.sampler_names import (
     DEFAULT_SAMPLERS,
     SAMPLER_TYPES,
@@ -28,6 +28,6 @@ from samplechain.params.sampling_params import SamplingParams
 
 __all__ = [
     "DEFAULT_SAMPLERS", "SAMPLER_TYPES", "TRIGGER_PATTERN", "TRIGGER_PATTERN_FULL", "TRIGGER_TOKEN", "TRIGGER_WORD",
-    "CommonSampler", "SamplingParams", "parse_logit_bias", "parse_sampler_chars", "parse_sampler_names",
+    "CommonSampler", "Observer", "SamplingParams", "parse_logit_bias", "parse_sampler_chars", "parse_sampler_names",
     "sampler_chars", "tokenize_logit_bias",
 ]

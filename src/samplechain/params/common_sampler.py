@@ -14,7 +14,8 @@ The chain ``CommonSampler`` builds (spec/samplers §5.2):
 Outside the chain, as in llama.cpp (spec/samplers §5.5, §5.10): the reasoning budget (created when start and
 end tags are set and ``reasoning_budget_tokens >= 0``, ``reasoning_control`` or ``grammar_lazy``) is applied
 first, then the grammar (``grammar_first``) or the chain with the grammar checked by rejection. Both only see
-generated tokens; a lazy grammar waits while a thinking block is open.
+generated tokens; a lazy grammar waits while a thinking block is open. :meth:`CommonSampler.stages` is that
+order, written once; ``sample(..., observe=...)`` reports the candidates after every stage (``samplechain.trace``).
 
 Every RNG sampler gets the same ``seed``, as in llama.cpp, so the tokens are llama.cpp's.
 """
@@ -25,7 +26,7 @@ import math
 import re
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -59,6 +60,10 @@ from samplechain.samplers import (
 )
 from samplechain.samplers._ops import check_int
 from samplechain.vocab import Vocab
+
+# observe(name, sampler, candidates): "logits" with no sampler for a pass's fresh candidates, then each stage's
+# display name and sampler, with the candidates as it left them
+Observer = Callable[[str, Sampler | None, Candidates], None]
 
 
 def _starts_with_space(data: bytes) -> bool:
@@ -260,27 +265,9 @@ class CommonSampler:
 
     # --- sampling ----------------------------------------------------------------------------------------
 
-    def _select(self, logits: object, with_grammar: bool) -> tuple[Candidates, int]:
-        c = Candidates.from_logits(logits)
-        if self.reasoning_budget is not None:
-            self.reasoning_budget.apply(c)
-        if with_grammar:
-            self.grammar.apply(c)
-        self.chain.apply(c)
-        if not 0 <= c.selected < len(c):
-            raise ValueError(f"no token could be selected ({self.chain.describe()})")
-        return c, int(c.ids[c.selected])
-
-    def _grammar_allows(self, token: int) -> bool:
-        allows = getattr(self.grammar, "allows", None)
-        if allows is not None:
-            return allows(token)
-        single = Candidates(np.array([token], dtype=np.int32), np.ones(1, dtype=np.float32))
-        self.grammar.apply(single)
-        return bool(np.isfinite(single.logits[0]))
-
-    def _grammar_should_apply(self) -> bool:
-        """A grammar exists, and it is not a lazy one inside an open thinking block (spec §5.5)."""
+    def grammar_applies(self) -> bool:
+        """A grammar exists, and it is not a lazy one inside an open thinking block (spec §5.5): the next step's
+        token is checked against it (or masked by it first), and the grammar sees the token."""
         if self.grammar is None:
             return False
         rb = self.reasoning_budget
@@ -288,15 +275,59 @@ class CommonSampler:
             return True
         return rb.state in (ReasoningBudgetState.IDLE, ReasoningBudgetState.DONE)
 
-    def sample(self, logits: object, grammar_first: bool = False) -> int:
+    def grammar_allows(self, token: int) -> bool:
+        """Whether the grammar in its current state accepts ``token`` next (True without a grammar); reads only."""
+        if self.grammar is None:
+            return True
+        allows = getattr(self.grammar, "allows", None)
+        if allows is not None:
+            return allows(token)
+        single = Candidates(np.array([token], dtype=np.int32), np.ones(1, dtype=np.float32))
+        self.grammar.apply(single)
+        return bool(np.isfinite(single.logits[0]))
+
+    def stages(self, with_grammar: bool) -> list[Sampler]:
+        """The samplers one pass of a step applies, in order (spec §5.5): the reasoning budget, the grammar
+        (``with_grammar``, when there is one), then the chain's members; the last one selects the token."""
+        return [*self._before_chain(with_grammar), *self.chain.samplers]
+
+    def _before_chain(self, with_grammar: bool) -> list[Sampler]:
+        out: list[Sampler] = [] if self.reasoning_budget is None else [self.reasoning_budget]
+        if with_grammar and self.grammar is not None:
+            out.append(self.grammar)
+        return out
+
+    def _select(self, logits: object, with_grammar: bool, observe: Observer | None) -> tuple[Candidates, int]:
+        """One pass of :meth:`stages` over fresh candidates. Unobserved, the chain runs as one ``Chain.apply``
+        (its fused steps are bitwise its members applied one by one, spec/samplers §2.4)."""
+        c = Candidates.from_logits(logits)
+        if observe is None:
+            for s in self._before_chain(with_grammar):
+                s.apply(c)
+            self.chain.apply(c)
+        else:
+            observe("logits", None, c)
+            for s in self.stages(with_grammar):
+                s.apply(c)
+                observe(s.display_name, s, c)
+        if not 0 <= c.selected < len(c):
+            raise ValueError(f"no token could be selected ({self.chain.describe()})")
+        return c, int(c.ids[c.selected])
+
+    def sample(self, logits: object, grammar_first: bool = False, observe: Observer | None = None) -> int:
         """Sample one token from ``logits`` and accept it (as generated); returns the token id.
 
-        Order (spec §5.5): reasoning budget, then the grammar first or the chain with a rejection check."""
+        Order (spec §5.5): :meth:`stages`, with the grammar among them (``grammar_first``) or checking the selected
+        token afterwards; a token the grammar refuses is sampled again from fresh logits with the grammar applied
+        (rejection). ``observe(name, sampler, candidates)``, when given, sees each pass's fresh candidates
+        (``"logits"``, None) and the candidates after every stage (its display name and sampler); a second
+        ``"logits"`` means the grammar refused the first pass's token. It reads the candidates, never writes them.
+        """
         t0 = time.perf_counter()
-        has_grammar = self._grammar_should_apply()
-        c, token = self._select(logits, has_grammar and grammar_first)
-        if has_grammar and not grammar_first and not self._grammar_allows(token):
-            c, token = self._select(logits, True)  # rejection: resample from fresh logits with the mask
+        has_grammar = self.grammar_applies()
+        c, token = self._select(logits, has_grammar and grammar_first, observe)
+        if has_grammar and not grammar_first and not self.grammar_allows(token):
+            c, token = self._select(logits, True, observe)  # rejection: resample from fresh logits with the mask
         self._cur = c
         self._t_total_us += (time.perf_counter() - t0) * 1e6
         self.accept(token, is_generated=True)
@@ -309,7 +340,7 @@ class CommonSampler:
         token = check_int("token", token, minimum=0)
         if self.n_vocab is not None and token >= self.n_vocab:
             raise ValueError(f"token {token} is outside the vocabulary [0, {self.n_vocab})")
-        accept_grammar = is_generated and self._grammar_should_apply()  # before the budget sees the token
+        accept_grammar = is_generated and self.grammar_applies()  # before the budget sees the token
         rb = self.reasoning_budget
         if rb is not None and is_generated:
             rb.accept(token)
