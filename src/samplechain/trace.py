@@ -1,20 +1,14 @@
 """Traces of sampling steps: the candidates after every stage of a ``CommonSampler``'s chain (issue 16).
 
-:func:`trace_step` samples one token exactly as :meth:`CommonSampler.sample` does and records, after each stage,
-the number of candidates, the top ``n_top`` of them (id, logit, probability) and the token a selector chose. It
-changes nothing about the result, because it runs the very same work in the very same order:
-
-1. a fresh ``Candidates`` over the logits (stage ``logits``);
-2. the reasoning budget, when the sampler has one;
-3. with ``grammar_first``, the grammar;
-4. every member of ``sampler.chain`` in order, each one's own ``apply`` on the same ``Candidates`` object.
-   ``Chain.apply`` fuses runs such as top-k -> top-p -> min-p -> temp -> dist into one step that is bitwise the
-   members applied one by one (spec/samplers §2.4, tests/test_fused_chain.py), so the candidates, probabilities,
-   random draws and the selected token are those of ``sample``;
-5. the grammar checks the token as ``sample`` does (rejection): a refused token is recorded as ``rejected`` and
-   the step is traced again from fresh candidates with the grammar applied first (the stages are the second
-   pass's);
-6. the token is accepted as generated, so the sampler is left in the state ``sample`` leaves it in.
+:func:`trace_step` samples one token with :meth:`CommonSampler.sample` itself, observing it, and records, after
+each stage, the number of candidates, the top ``n_top`` of them (id, logit, probability) and the token a selector
+chose. It changes nothing about the result: the stages are ``CommonSampler.stages`` (the reasoning budget, the
+grammar when it is applied first, the chain's members), observed one member at a time; ``Chain.apply`` fuses runs
+such as top-k -> top-p -> min-p -> temp -> dist into one step that is bitwise the members applied one by one
+(spec/samplers §2.4, tests/test_fused_chain.py), so the candidates, probabilities, random draws, the selected token
+and the sampler's state afterwards are those of an unobserved ``sample``. When the grammar refuses the token
+(rejection), it is recorded as ``rejected`` and the stages are those of the second pass, from fresh candidates with
+the grammar applied first.
 
 Snapshots only read ``ids`` and ``logits``: samplers never write into candidate arrays (they install new ones), so
 a stage keeps references and nothing is copied until the rows are built. A stage's probabilities are the softmax
@@ -132,41 +126,24 @@ class _Snapshot:
 
 def trace_step(sampler: CommonSampler, logits: object, *, n_top: int = 10, grammar_first: bool = False,
                vocab: Vocab | None = None) -> StepTrace:
-    """Sample and accept one token as ``sampler.sample(logits, grammar_first)`` would, recording every stage.
+    """Sample and accept one token with ``sampler.sample(logits, grammar_first)``, recording every stage.
 
     The token, the random draws and the sampler's state afterwards are exactly those of ``sample``; ``n_top``
     candidates (by descending logit) are kept per stage; ``vocab`` (default: the sampler's) names the pieces.
     """
     n_top = check_int("n_top", n_top, minimum=1)
     vocab = vocab if vocab is not None else sampler.vocab
-    has_grammar = sampler._grammar_should_apply()
-    c, token, snaps = _walk(sampler, logits, has_grammar and grammar_first)
-    rejected = None
-    if has_grammar and not grammar_first and not sampler._grammar_allows(token):
-        rejected = token  # as sample(): resample from fresh logits with the grammar first
-        c, token, snaps = _walk(sampler, logits, True)
-    sampler._cur = c  # what sample() keeps for candidates / top_probs
-    sampler.accept(token, is_generated=True)
-    stages = [_stage(s, token, n_top, vocab) for s in snaps]
+    passes: list[list[_Snapshot]] = []  # a second pass: the grammar refused the first one's token
+
+    def observe(name: str, s: Sampler | None, c: Candidates) -> None:
+        if s is None:
+            passes.append([])
+        passes[-1].append(_Snapshot(name, s, c))
+
+    token = sampler.sample(logits, grammar_first, observe=observe)
+    rejected = passes[0][-1].selected if len(passes) > 1 else None  # the first pass's selected token
+    stages = [_stage(s, token, n_top, vocab) for s in passes[-1]]
     return StepTrace(token, stages, _piece(vocab, token), rejected)
-
-
-def _walk(sampler: CommonSampler, logits: object, with_grammar: bool) -> tuple[Candidates, int, list[_Snapshot]]:
-    """``CommonSampler._select``, one member at a time, with a snapshot after each."""
-    c = Candidates.from_logits(logits)
-    snaps = [_Snapshot("logits", None, c)]
-    stages: list[Sampler] = []
-    if sampler.reasoning_budget is not None:
-        stages.append(sampler.reasoning_budget)
-    if with_grammar:
-        stages.append(sampler.grammar)
-    stages += sampler.chain.samplers
-    for s in stages:
-        s.apply(c)
-        snaps.append(_Snapshot(s.display_name, s, c))
-    if not 0 <= c.selected < len(c):
-        raise ValueError(f"no token could be selected ({sampler.chain.describe()})")
-    return c, int(c.ids[c.selected]), snaps
 
 
 def _stage(snap: _Snapshot, token: int, n_top: int, vocab: Vocab | None) -> Stage:

@@ -207,19 +207,15 @@ class Speculation:
 # --- distribution-preserving verification (spec/speculative.md §3.3, its index-alignment bug fixed) -------------
 
 def target_distribution(sampler: CommonSampler, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(ids, probs)``: what ``sampler`` would draw its next token from. The reasoning budget, the grammar (mask
-    first) and every chain stage but the final selector are applied; the selector's distribution is the softmax of
-    what is left (``dist``) or the top token (``greedy``)."""
-    samplers = list(sampler.chain)
-    final = samplers[-1].name if samplers else ""
+    """``(ids, probs)``: what ``sampler`` would draw its next token from. Its stages (the reasoning budget, the
+    grammar masking first, the chain) but the final selector are applied; the selector's distribution is the
+    softmax of what is left (``dist``) or the top token (``greedy``)."""
+    chain = sampler.samplers
+    final = chain[-1].name if chain else ""
     if final not in ("dist", "greedy"):
         raise ValueError(f"speculative sampling needs a chain ending in dist or greedy, not {final or 'nothing'}")
     c = Candidates.from_logits(logits)
-    if sampler.reasoning_budget is not None:
-        sampler.reasoning_budget.apply(c)
-    if sampler.grammar is not None:
-        sampler.grammar.apply(c)
-    for s in samplers[:-1]:
+    for s in sampler.stages(with_grammar=True)[:-1]:  # every stage but the final selector
         if not s.disabled:
             s.apply(c)
     ids, x = c.ids.astype(np.int64), c.logits.astype(np.float64)
