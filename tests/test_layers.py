@@ -7,15 +7,39 @@ import pytest
 
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "samplechain"
 
-# layer of each module or package (DESIGN.md's table); a module may import only layers it depends on
-# (_numeric, the binary32 arithmetic of the NumPy layers, is below all of them; dry and infill read token texts)
+# layer of each module or package (DESIGN.md's table) and the layers it uses directly; a module may import any layer
+# below its own (the closure of these sets). _numeric, the binary32 arithmetic of the NumPy layers, is below all of
+# them; samplers read token texts (dry, infill) through vocab.
 LAYERS = {
-    "_numeric": set(), "candidates": set(), "rng": set(),
-    "rows": set(),
+    "_numeric": set(), "candidates": set(), "rng": set(), "rows": set(), "gguf": set(), "tokenizer": set(),
     "samplers": {"candidates", "rows", "rng", "vocab"},
     "chain": {"samplers", "candidates"},
     "device": {"samplers", "rows", "candidates", "chain", "rng"},
+    "vocab": {"gguf", "tokenizer"},
+    "grammar": {"vocab", "candidates", "samplers"},
+    "param_specs": {"samplers"},
+    "params": {"chain", "grammar", "param_specs"},
+    "runtime": {"device", "params", "gguf"},
+    "speculative": {"runtime"},
+    "trace": {"params", "runtime"},
+    "integrations": {"device", "params"},
+    "server": {"runtime", "speculative", "trace"},
+    "cli": {"server"},
 }
+
+
+def below(layer: str) -> set[str]:
+    """Every layer ``layer`` may import: what it uses, and what those use, down to the bottom."""
+    seen: set[str] = set()
+    todo = list(LAYERS[layer])
+    while todo:
+        used = todo.pop()
+        if used not in seen:
+            seen.add(used)
+            todo += LAYERS[used]
+    return seen
+
+
 TORCH_FREE = ("candidates", "_numeric", "rng", "chain")  # torch is imported lazily or not at all there
 
 
@@ -48,7 +72,7 @@ def test_no_module_imports_a_layer_above_it(layer):
         for name, _ in imports(path):
             used = layer_of(name)
             if used not in (None, layer, "_numeric"):
-                assert used in LAYERS[layer], f"{path.relative_to(SRC)} imports {name}"
+                assert used in below(layer), f"{path.relative_to(SRC)} imports {name}"
 
 
 @pytest.mark.parametrize("layer", ["samplers", *TORCH_FREE])
@@ -64,3 +88,57 @@ def test_the_device_layer_knows_no_policy():
     assert not (SRC / "device" / "rows.py").exists()  # the row layout lives in samplechain/rows.py
     for path in (SRC / "device").rglob("*.py"):
         assert "CommonSampler" not in {n.id for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Name)}
+
+
+def test_every_module_has_a_layer():
+    top = {p.stem for p in SRC.glob("*.py")} | {p.name for p in SRC.iterdir() if (p / "__init__.py").exists()}
+    assert top - {"__init__", "__main__"} == set(LAYERS)
+
+
+def test_the_layers_have_no_circle():
+    for layer in LAYERS:
+        assert layer not in below(layer)
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Every samplechain module and the samplechain modules it imports (anywhere: at the top, in a function, or
+    for type checking only), relative imports resolved."""
+    names = {}
+    for path in SRC.rglob("*.py"):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        out = graph.setdefault(name, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join([*parent, base]).strip(".")
+                out.update(f"{base}.{a.name}" if f"{base}.{a.name}" in names else base for a in node.names)
+            elif isinstance(node, ast.Import):
+                out.update(a.name for a in node.names)
+        graph[name] = {m for m in out if m in names and m != name}
+    return graph
+
+
+def test_no_import_circle_between_modules():
+    """No two modules import each other, directly or around a circle (type-checking imports count: a circle
+    there is one the code works around)."""
+    graph = module_graph()
+    assert "samplechain.runtime.decoding" in graph["samplechain.runtime.generation"]
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for used in sorted(graph[module]):
+            assert state.get(used) != 1, "import circle: " + " -> ".join([*path[path.index(used):], used])
+            if used not in state:
+                visit(used, [*path, used])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])

@@ -44,6 +44,10 @@ def add_sampling_arguments(parser_or_group: argparse.ArgumentParser | argparse._
 def params_from_args(args: argparse.Namespace, *,
                      params_type: type[SamplingParams] = SamplingParams) -> SamplingParams:
     """The flags added by :func:`add_sampling_arguments` as ``SamplingParams`` (ValueError on invalid values)."""
+    constraints = [f for d in declarations(params_type) for f in d.cli if f.group == "constraints"]
+    given = [next(n for n in f.names if n.startswith("--")) for f in constraints if getattr(args, f.dest) is not None]
+    if len(given) > 1:
+        raise ValueError(f"use only one of {', '.join(given)}")
     return params_type(**{d.name: d.value_from_args(args) for d in declarations(params_type)
                           if d.cli or d.from_args is not None})
 

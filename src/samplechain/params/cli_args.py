@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from samplechain.param_specs import declarations, read_text_file, unescape
+from samplechain.param_specs import read_text_file, unescape
 from samplechain.params.sampler_names import DEFAULT_SAMPLERS, parse_sampler_chars, parse_sampler_names
 from samplechain.samplers.dry import DEFAULT_SEQ_BREAKERS
 
@@ -26,18 +26,7 @@ def samplers_from_args(args: Any) -> tuple[str, ...]:
     return DEFAULT_SAMPLERS
 
 
-def _one_constraint(args: Any) -> None:
-    """At most one of the grammar / JSON-schema flags."""
-    from samplechain.params.sampling_params import SamplingParams  # its declarations name this module's functions
-
-    flags = [f for d in declarations(SamplingParams) for f in d.cli if f.group == "constraints"]
-    given = [next(n for n in f.names if n.startswith("--")) for f in flags if getattr(args, f.dest) is not None]
-    if len(given) > 1:
-        raise ValueError(f"use only one of {', '.join(given)}")
-
-
 def grammar_from_args(args: Any) -> str:
-    _one_constraint(args)
     if args.grammar_file is not None:
         return read_text_file(args.grammar_file, "grammar file")
     return args.grammar if args.grammar is not None else ""
