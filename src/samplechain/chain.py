@@ -12,17 +12,17 @@ import numpy as np
 from samplechain.candidates import Candidates
 from samplechain.samplers._ops import softmax_values, top_k_order
 from samplechain.samplers.base import Sampler
-from samplechain.samplers.selectors import Dist
-from samplechain.samplers.temperature import DynamicTemperature, Temperature, divides
-from samplechain.samplers.truncation import (
+from samplechain.samplers.probability_filters import (
     MinP,
-    TopK,
     TopP,
     min_p_descending_size,
     min_p_sorted_size,
     nucleus_size,
     nucleus_size_from_sums,
 )
+from samplechain.samplers.selectors import Dist
+from samplechain.samplers.temperature import DynamicTemperature, Temperature, divides
+from samplechain.samplers.truncation import TopK
 
 
 @dataclass

@@ -9,8 +9,10 @@ import numpy as np
 
 from samplechain._numeric import F32
 from samplechain.candidates import Candidates
-from samplechain.grammar.engine import Grammar, MaskEngine, State, TokenTable
+from samplechain.grammar.engine import Grammar, State
+from samplechain.grammar.masks import MaskEngine
 from samplechain.grammar.parser import GrammarError
+from samplechain.grammar.tokens import TokenTable
 from samplechain.samplers.base import FILTER, Sampler
 from samplechain.vocab import Vocab
 

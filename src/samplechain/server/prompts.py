@@ -1,0 +1,144 @@
+"""A request's prompts and chat messages: read, checked against the context size before anything is
+tokenized, and tokenized or rendered (spec/server.md); apart from the other fields, in ``request.py``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from samplechain.runtime.chat import starts_with_bos
+from samplechain.runtime.generation import Model
+from samplechain.server.limits import MAX_COMPLETIONS, MAX_MESSAGES, APIError, bad_request
+
+
+def max_prompt_chars(model: Model, n_ctx: int) -> int:
+    """More characters than this cannot fit in ``n_ctx`` tokens (a token's text has at most the longest piece's
+    bytes; twice that for tokenizers that normalise): a longer prompt is refused before it is tokenized."""
+    return 2 * max(model.vocab.max_piece_bytes, 1) * n_ctx
+
+
+# --- prompts ---------------------------------------------------------------------------------------------------
+
+
+def check_length(model: Model, n_chars: int, n_ctx: int | None) -> None:
+    """A text of ``n_chars`` characters too long for ``n_ctx`` tokens is refused before it is tokenized
+    (``max_prompt_chars``)."""
+    if n_ctx is not None and n_chars > max_prompt_chars(model, n_ctx):
+        raise APIError(400, f"request ({n_chars} characters) exceeds the available context size ({n_ctx} tokens), "
+                       "try increasing it", "exceed_context_size_error", n_ctx=n_ctx)
+
+
+def tokenize_mixed(model: Model, prompt: Any, add_special: bool = True, n_ctx: int | None = None) -> list[int]:
+    """One prompt: a string, or an array of token ids and strings (each string tokenized, specials parsed).
+    With ``n_ctx``, a prompt whose text cannot fit is refused before it is tokenized."""
+    if isinstance(prompt, str):
+        check_length(model, len(prompt), n_ctx)
+        return model.tokenize(prompt, add_special=add_special and not starts_with_bos(model.vocab, prompt))
+    if isinstance(prompt, list):
+        check_length(model, sum(len(p) for p in prompt if isinstance(p, str)), n_ctx)
+        out: list[int] = []
+        for i, part in enumerate(prompt):
+            if isinstance(part, bool):
+                raise bad_request("prompt token ids must be integers")
+            if isinstance(part, int):
+                if not 0 <= part < model.config.n_vocab:
+                    raise bad_request(f"prompt token id {part} is out of range [0, {model.config.n_vocab})")
+                out.append(part)
+            elif isinstance(part, str):
+                out += model.tokenize(part, add_special=add_special and i == 0)
+            else:
+                raise bad_request("a prompt array holds token ids and strings")
+        return out
+    raise bad_request("\"prompt\" must be a string, an array of tokens, or an array of prompts")
+
+
+def prompts(model: Model, body: Mapping[str, Any], n_ctx: int | None = None, n_each: int = 1) -> list[list[int]]:
+    """The prompts of a native or legacy completion: one, or several (an array of strings / token arrays). At
+    most ``MAX_COMPLETIONS`` tasks (prompts x ``n_each``), counted before anything is tokenized."""
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise bad_request("\"prompt\" is required")
+    if isinstance(prompt, Mapping):  # {"prompt_string": ..., "multimodal_data": ...}
+        if prompt.get("multimodal_data"):
+            raise bad_request("multimodal data is not supported by this model")
+        prompt = prompt.get("prompt_string", "")
+    several = isinstance(prompt, list) and prompt and (
+        any(isinstance(p, (list, Mapping)) for p in prompt) or (all(isinstance(p, str) for p in prompt)
+                                                                and len(prompt) > 1))
+    parts = prompt if several else [prompt]
+    if len(parts) * n_each > MAX_COMPLETIONS:
+        raise bad_request(f"Field 'prompt': a request may start at most {MAX_COMPLETIONS} completions (prompts x n), "
+                          f"got {len(parts)} x {n_each}")
+    return [tokenize_mixed(model, p.get("prompt_string", "") if isinstance(p, Mapping) else p, n_ctx=n_ctx)
+            for p in parts]
+
+
+# --- chat ------------------------------------------------------------------------------------------------------
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, Mapping) or "type" not in part:
+                raise bad_request("a content part must be an object with a type")
+            if part["type"] != "text":
+                raise bad_request(f"content parts of type {part['type']!r} need a multimodal model")
+            if not isinstance(part.get("text"), str):
+                raise bad_request("a text content part needs a string 'text'")
+            parts.append(part["text"])
+        return "\n".join(parts)
+    raise bad_request("Expected 'content' to be a string or an array")
+
+
+def chat_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Validated messages with string contents (llama-server's checks and messages)."""
+    messages = body.get("messages")
+    if messages is None:
+        raise bad_request("'messages' is required")
+    if not isinstance(messages, list):
+        raise bad_request("Expected 'messages' to be an array")
+    if len(messages) > MAX_MESSAGES:
+        raise bad_request(f"Field 'messages': at most {MAX_MESSAGES} messages, got {len(messages)}")
+    out = []
+    for m in messages:
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise bad_request("each message must be an object with a string 'role'")
+        role = "system" if m["role"] == "developer" else m["role"]
+        if role != "assistant" and "content" not in m:
+            raise bad_request("All non-assistant messages must contain 'content'")
+        if role == "assistant" and m.get("content") is None and not m.get("tool_calls"):
+            raise bad_request("Assistant message must contain either 'content' or 'tool_calls'!")
+        out.append({"role": role, "content": _content_text(m.get("content"))})
+    if len(out) >= 2 and out[-1]["role"] == "assistant" and out[-2]["role"] == "assistant":
+        raise bad_request("Cannot have 2 or more assistant messages at the end of the list.")
+    return out
+
+
+def chat_prompt(model: Model, body: Mapping[str, Any], n_ctx: int | None = None) -> tuple[str, str]:
+    """The rendered prompt and the generation prompt it ends with (the assistant header, or a prefilled message).
+    With ``n_ctx``, messages whose text cannot fit are refused before the template renders them."""
+    messages = chat_messages(body)
+    check_length(model, sum(len(m["content"]) for m in messages), n_ctx)
+    add_gen = body.get("add_generation_prompt", True)
+    cont = body.get("continue_final_message", False)
+    if not isinstance(add_gen, bool) or not isinstance(cont, bool):
+        raise bad_request("add_generation_prompt and continue_final_message must be true or false")
+    if add_gen and cont:
+        raise bad_request("Cannot set both add_generation_prompt and continue_final_message to true.")
+    if body.get("tools") and body.get("tool_choice", "auto") != "none":
+        raise bad_request("tools are not supported by this server's chat formats yet")
+    prefill = messages and messages[-1]["role"] == "assistant" and (add_gen or cont)
+    if prefill:  # assistant prefill: continue the last message
+        head = model.apply_chat_template(messages[:-1], add_generation_prompt=True)
+        return head + messages[-1]["content"], messages[-1]["content"]
+    if not messages:
+        raise bad_request("'messages' must not be empty")
+    text = model.apply_chat_template(messages, add_generation_prompt=add_gen)
+    without = model.apply_chat_template(messages, add_generation_prompt=False)
+    return text, text[len(without):] if text.startswith(without) else ""
+
