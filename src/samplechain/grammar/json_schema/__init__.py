@@ -1,0 +1,13 @@
+"""JSON Schema -> GBNF with llama.cpp's output shape (spec/grammar §5), its bugs Q9/Q10 fixed.
+
+The output lists rules sorted by name, one ``name ::= body`` per line, exactly as llama.cpp prints them, so
+grammars from both are interchangeable. Structural schema errors and invalid regular expressions raise
+:class:`GrammarError`; unsupported regex features fall back to a plain string with a warning (as llama.cpp).
+"""
+
+from samplechain.grammar.json_schema.converter import MAX_INT_DIGITS, json_schema_to_gbnf, server_response_schema
+from samplechain.grammar.json_schema.pattern import DOT, DOT_ALL, MAX_PATTERN_NESTING
+from samplechain.grammar.json_schema.rules import FORMATS, PRIMITIVES, RESERVED, SPACE_RULE
+
+__all__ = ["DOT", "DOT_ALL", "FORMATS", "MAX_INT_DIGITS", "MAX_PATTERN_NESTING", "PRIMITIVES", "RESERVED",
+           "SPACE_RULE", "json_schema_to_gbnf", "server_response_schema"]
