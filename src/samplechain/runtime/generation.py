@@ -1,8 +1,8 @@
 """``load_model`` and ``Model.generate``: prompt -> streamed text, as llama.cpp's completion tool does it.
 
-The loop: tokenize (optionally through the chat template), reuse a prompt cache's common prefix, decode the prompt
-in batches, then sample with ``CommonSampler`` and decode one token at a time, shifting the context when it is
-full (keep ``n_keep`` tokens, discard half of the rest), until an end-of-generation token or ``n_predict``.
+``generate``: tokenize (optionally through the chat template), reuse a prompt cache's common prefix and decode the
+prompt into a ``Sequence``, then hand the last row to a ``Decoder`` (runtime/decoding.py: sampling, drafting,
+context shift, stop rules) and stream its text, until an end-of-generation token or ``n_predict``.
 """
 
 from __future__ import annotations

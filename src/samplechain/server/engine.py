@@ -1,10 +1,12 @@
 """The server's engine: slots over one KV cache, continuously batched on one thread (spec/server.md §6-7).
 
-Each slot runs one task (one completion choice) at a time in its own sequence of the cache. The cache is not
-unified: every slot has its own stream of ``n_ctx / n_slots`` cells, so a sequence's cells, and with the
-batch-invariant forward its logits, do not depend on what the other slots do. Every step is one forward over the
-last sampled token of each generating slot plus chunks of the prompts still being read, then one sampling step per
-output row with the task's own ``CommonSampler`` (its own seed). Same seed, same text, whatever else runs.
+Each slot runs one task (one completion choice) at a time in its own sequence of the cache: a ``Sequence`` and,
+while the task runs, a ``Decoder`` (runtime/decoding.py) that owns everything about the generation itself. The
+engine only schedules: which slots step, one batch of every generating slot's ``Decoder.feed()`` plus chunks of the
+prompts still being read, one forward, and each output block back to its slot's decoder. The cache is not unified:
+every slot has its own stream of ``n_ctx / n_slots`` cells, so a sequence's cells, and with the batch-invariant
+forward its logits, do not depend on what the other slots do; each task samples with its own ``CommonSampler``
+(its own seed). Same seed, same text, whatever else runs.
 
 HTTP handlers only submit tasks and read events; everything that touches the model runs on the engine thread.
 """
