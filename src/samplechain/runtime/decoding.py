@@ -444,10 +444,10 @@ def stream_text(decoder: Decoder, rows: Any) -> Generator[str, None, Final]:
             if ev.truncated and ev.stop_type == "limit" and not decoder.rules.context_shift:
                 print("\nwarning: context full and context shift is off, stopping", file=sys.stderr)
             return ev
+        start = time.perf_counter()  # a draft's cost is the forward's and the drafter's (what drafting saves)
         batch = decoder.feed()
         if batch is None:
             events = [decoder.final]
             continue
-        start = time.perf_counter()
         rows = seq.decode(batch, outputs=[True] * len(batch))
         events = decoder.step(rows, elapsed=time.perf_counter() - start)
