@@ -44,8 +44,8 @@ class ChatSession:
         self.params = params or SamplingParams()
         self.sampler = CommonSampler(self.params, model.vocab, n_vocab=model.config.n_vocab)
         self.ctx = context or model.new_context(n_ctx)
+        self.ctx.clear()
         self.seq = CacheSequence(self.ctx)
-        self.seq.clear()
         self.template = template  # False: plain text turns (llama-cli's interactive mode without a chat template)
         self.messages: list[dict[str, str]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
         self.n_keep = header_tokens(model, system_prompt) if template else int(model.vocab.add_bos)

@@ -210,11 +210,11 @@ class Decoder:
         seq.truncate(seq.n_past - len(draft) + n_acc)  # the rejected drafts' cells
         events: list[Token | Final] = []
         for j, token in enumerate(accepted):
-            events += self._accepted(token, None)
+            n_later = len(accepted) - 1 - j  # accepted tokens after this one (in the cache but the last)
+            events += self._accepted(token, None, n_later)
             if self.final is None:
                 continue
-            n_later = len(accepted) - 1 - j  # verified after the stop: in the cache, never emitted
-            if self.rules.rewind and n_later:
+            if n_later:  # verified after the stop, never emitted: out of the cache
                 seq.truncate(seq.n_past - n_later)
                 if before is not None:  # the sampler as plain decoding leaves it: the round replayed to the stop
                     self.sampler = before
@@ -224,8 +224,10 @@ class Decoder:
 
     # --- a sampled token --------------------------------------------------------------------------------
 
-    def _accepted(self, token: int, row: np.ndarray | None) -> list[Token | Final]:
-        """A token the sampler chose (and accepted): timings, probabilities, text, stop rules."""
+    def _accepted(self, token: int, row: np.ndarray | None, n_later: int = 0) -> list[Token | Final]:
+        """A token the sampler chose (and accepted): timings, probabilities, text, stop rules. ``n_later``: tokens
+        of the same verified round after it, already in the cache (the context is judged at this token's place,
+        so a round stops where plain decoding would)."""
         r, t = self.rules, self.timings
         now = time.perf_counter()
         if not self.generated:
@@ -248,7 +250,7 @@ class Decoder:
         send = self._text(new, eog)
         n = len(self.generated)
         if self.stop_type == "none":
-            if not self.seq.has_room() and not r.context_shift:
+            if not self.seq.has_room(1 - n_later) and not r.context_shift:
                 self.stop_type, self.truncated = "limit", True
             elif r.n_predict >= 0 and n >= r.n_predict:
                 self.stop_type = "limit"

@@ -163,13 +163,13 @@ class Model:
         n_keep = min(n_keep, len(tokens))
 
         sampler = CommonSampler(params, self.vocab, n_vocab=self.config.n_vocab)
-        device = None if speculation is not None else device_sampler(sampler, self.transformer.device)
+        device = device_sampler(sampler, self.transformer.device)
         seq = CacheSequence(ctx)
         if prompt_cache is not None and os.path.exists(prompt_cache) and os.path.getsize(prompt_cache) > 0:
             seq.load_state(prompt_cache)
             n_past = seq.reuse(tokens)
         else:
-            seq.clear()
+            ctx.clear()  # the whole context: generate runs one sequence on it
             n_past = 0
         t.n_reused = n_past
         for tok in tokens:
@@ -187,7 +187,8 @@ class Model:
         t.n_prompt = len(tokens) - n_past
 
         decoder = Decoder(seq, sampler, self.vocab, Rules(n_predict, n_keep, context_shift=context_shift),
-                          n_prompt=len(tokens), speculation=speculation, device=device, timings=t,
+                          n_prompt=len(tokens), speculation=speculation,
+                          device=None if speculation is not None else device, timings=t,
                           on_token=self.on_token)
         try:
             yield from stream_text(decoder, rows)

@@ -58,15 +58,24 @@ class Slot:
 
     def __init__(self, sid: int, seq: CacheSequence) -> None:
         self.id, self.seq, self.n_ctx = sid, seq, seq.n_ctx
-        self.task: Task | None = None
-        self.decoder: Decoder | None = None
+        self.running: tuple[Task, Decoder] | None = None  # set and cleared whole: other threads read it
         self.t_used = 0.0
         self.n_served = 0
         self.last_task: dict[str, Any] | None = None  # /slots: what the slot ran last
 
     @property
+    def task(self) -> Task | None:
+        running = self.running
+        return None if running is None else running[0]
+
+    @property
+    def decoder(self) -> Decoder | None:
+        running = self.running
+        return None if running is None else running[1]
+
+    @property
     def busy(self) -> bool:
-        return self.task is not None
+        return self.running is not None
 
     @property
     def reading(self) -> bool:
@@ -75,9 +84,10 @@ class Slot:
 
     def info(self) -> tuple[bool, dict[str, Any] | None]:
         """For ``/slots``: whether a task runs, and what it (or, idle, the last task) did. Safe from any thread."""
-        task, d = self.task, self.decoder
-        if task is None or d is None:
+        running = self.running
+        if running is None:
             return False, self.last_task
+        task, d = running
         return True, {"id_task": task.id, "n_prompt_tokens": len(task.tokens),
                       "n_prompt_tokens_processed": d.timings.n_prompt, "n_prompt_tokens_cache": d.timings.n_reused,
                       "params": task.params, "n_decoded": len(d.generated), "n_predict": task.n_predict,
@@ -262,9 +272,9 @@ class Engine:
                       context_shift=self.context_shift, stop=task.stop, server=True, special=self.special,
                       n_indent=task.n_indent, t_max_predict_ms=task.t_max_predict_ms,
                       probs=task.params.n_probs > 0)
-        d = slot.decoder = Decoder(slot.seq, sampler, self.vocab, rules, n_prompt=len(task.tokens), speculation=spec)
+        d = Decoder(slot.seq, sampler, self.vocab, rules, n_prompt=len(task.tokens), speculation=spec)
         d.timings.n_reused, d.timings.n_prompt = n_cached, len(task.tokens) - n_cached
-        slot.task = task
+        slot.running = (task, d)
         self.metrics.n_cached += n_cached
         task.emit(Begin(slot.id))
         self._progress(slot)
@@ -415,8 +425,7 @@ class Engine:
         running, info = s.info()
         if running:
             s.last_task = info
-        s.task = None
-        s.decoder = None
+        s.running = None
         s.t_used = time.perf_counter()
         s.n_served += 1
 
