@@ -238,7 +238,7 @@ class Decoder:
             self.on_token(token, self.sampler)
         eog = self.vocab.is_eog(token)
         if eog and not r.server:  # llama-cli: the end, without its text
-            return [self._finish("eos")]
+            return [self.finish("eos")]
         self.generated.append(token)
         t.n_predicted = len(self.generated)
         probs = None
@@ -267,7 +267,7 @@ class Decoder:
             self.n_sent = len(self.text)
         events: list[Token | Final] = [Token(token, send, probs, n, self.n_prompt, self.seq.id, t.to_dict())]
         if done:
-            events.append(self._finish(self.stop_type))
+            events.append(self.finish(self.stop_type))
         return events
 
     def _text(self, new: str, eog: bool) -> str:
@@ -318,16 +318,13 @@ class Decoder:
             self.n_shifts += 1
             self.truncated = True
             return True
-        self._finish("limit", truncated=True)
+        self.finish("limit", truncated=True)
         return False
 
     # --- the end ----------------------------------------------------------------------------------------
 
-    def finish(self, stop_type: str = "limit") -> Final:
-        """End here (a cancelled or cut generation): the final event."""
-        return self._finish(stop_type)
-
-    def _finish(self, stop_type: str, truncated: bool = False) -> Final:
+    def finish(self, stop_type: str = "limit", truncated: bool = False) -> Final:
+        """The final event: the one the generation ended with, else (a cut generation) one that ends it here."""
         if self.final is not None:
             return self.final
         tail = self.utf8.decode(b"", final=True)

@@ -142,7 +142,7 @@ class Engine:
 
     def drain(self, grace: float) -> None:
         """Shut down gracefully: queued and new tasks end at once with a 503; running tasks may finish within
-        ``grace`` seconds, then each is cut (``_cut``)."""
+        ``grace`` seconds, then each is cut (``_finish(cut=True)``)."""
         deadline = time.perf_counter() + grace  # from now: the engine may be inside a long step
 
         def begin() -> None:
@@ -156,7 +156,7 @@ class Engine:
     def _check_drain(self) -> None:
         if self._drain_deadline is not None and time.perf_counter() >= self._drain_deadline:
             for s in self.slots:
-                self._cut(s)
+                self._finish(s, cut=True)
 
     def submit(self, task: Task) -> Task:
         with self._lock:
@@ -392,26 +392,18 @@ class Engine:
             return {}
         return {s: t for (s, _), t in zip(rows, tokens, strict=True)}
 
-    def _finish(self, s: Slot) -> None:
-        """The task ends with its decoder's final event."""
-        task, d = s.task, s.decoder
-        if task is None or d is None:
+    def _finish(self, s: Slot, cut: bool = False) -> None:
+        """The task ends with its decoder's final event. ``cut``: shutdown past the grace period ends it where it is
+        (finish reason "length") and sends the final inside a 503 error, so that a stream has its finish reason and
+        its client knows why."""
+        running = s.running
+        if running is None:
             return
-        final = d.finish()
+        task, d = running
+        final = d.finish("limit")  # the final it has, else one made here
         self.metrics.add_predicted(len(d.generated), d.timings.t_last - d.timings.t_first)
         self._release(s)  # first: a client that has its answer sees the slot idle
-        task.emit(final)
-
-    def _cut(self, s: Slot) -> None:
-        """Shutdown past the grace period: the task ends where it is, with its final event (finish reason
-        "length") and then a 503 error, so that a stream has its finish reason and its client knows why."""
-        task, d = s.task, s.decoder
-        if task is None or d is None:
-            return
-        final = d.finish("limit")
-        self.metrics.add_predicted(len(d.generated), d.timings.t_last - d.timings.t_first)
-        self._release(s)
-        task.emit(replace(SHUTTING_DOWN, final=final))
+        task.emit(replace(SHUTTING_DOWN, final=final) if cut else final)
 
     def _fail(self, s: Slot, message: str, code: int = 500) -> None:
         """The task ends with an error: 500 for a failed step, 400 where its own sampling chain cannot go on (a
