@@ -27,6 +27,7 @@ browser:
 
 test: setup browser
 	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m tests.llama_tree
 	$(PY) -m pytest
 
 run: setup
