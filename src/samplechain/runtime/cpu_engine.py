@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from samplechain.runtime.kv_cache import KVCache
-from samplechain.runtime.model import Transformer, rope_rotation
+from samplechain.runtime.model import Rope, Transformer
 from samplechain.runtime.weights import GROUP, Linear
 
 TILE = 16
@@ -140,7 +140,7 @@ class CLayer(ctypes.Structure):
     _fields_ = [(name, ctypes.c_void_p) for name in
                 ("attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")] + [
                 (name, CLinear) for name in ("qkv", "wo", "gate_up", "down")] + [
-                ("swa", ctypes.c_int32), ("pad", ctypes.c_int32)]
+                ("swa", ctypes.c_int32), ("pad", ctypes.c_int32), ("qkv_bias", ctypes.c_void_p)]
 
 
 class CModel(ctypes.Structure):
@@ -148,7 +148,7 @@ class CModel(ctypes.Structure):
                 ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "n_vocab", "gelu")] + [
                 ("eps", ctypes.c_float), ("attn_scale", ctypes.c_float), ("kv_size", ctypes.c_int32),
                 ("isa", ctypes.c_int32), ("layers", ctypes.POINTER(CLayer)), ("output_norm", ctypes.c_void_p),
-                ("output", CLinear)]
+                ("output", CLinear), ("attn_softcap", ctypes.c_float), ("pad", ctypes.c_float)]
 
 
 def _tiles(a: np.ndarray, n_out: int) -> np.ndarray:
@@ -216,16 +216,16 @@ class CEngine:
             layers[i] = CLayer(
                 _ptr(L.attn_norm, k), _ptr(L.ffn_norm, k), _ptr(L.q_norm, k), _ptr(L.k_norm, k),
                 _ptr(L.post_attn_norm, k), _ptr(L.post_ffn_norm, k), pack_linear(L.qkv, k), pack_linear(L.wo, k),
-                pack_linear(L.gate_up, k), pack_linear(L.down, k), int(i in c.swa_layers), 0)
+                pack_linear(L.gate_up, k), pack_linear(L.down, k), int(i in c.swa_layers), 0,
+                _ptr(L.qkv_bias, k))
         self._layers = layers
         self.model = CModel(c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.n_vocab,
-                            int(c.arch == "gemma3"), c.rms_eps, c.attn_scale, 0, ISAS[isa], layers,
-                            _ptr(transformer.output_norm, k), pack_linear(transformer.output, k))
-        self._embd = transformer.tok_embd.detach().numpy()
-        self._inv_freq: dict[float, np.ndarray] = {}
+                            int(c.gelu), c.rms_eps, c.attn_scale, 0, ISAS[isa], layers,
+                            _ptr(transformer.output_norm, k), pack_linear(transformer.output, k), c.attn_softcap, 0.0)
 
-    def _rope(self, positions: np.ndarray, head_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
-        rot = rope_rotation(torch.from_numpy(positions), head_dim, base)[:, 0]
+    @staticmethod
+    def _rope(positions: np.ndarray, head_dim: int, rope: Rope) -> tuple[np.ndarray, np.ndarray]:
+        rot = rope.rotation(torch.from_numpy(positions), head_dim)[:, 0]
         return (np.ascontiguousarray(rot.real.numpy(), dtype=np.float32),
                 np.ascontiguousarray(rot.imag.numpy(), dtype=np.float32))
 
@@ -235,13 +235,17 @@ class CEngine:
         if cache.k.dtype != torch.float32 or cache.k.device.type != "cpu" or not cache.k.is_contiguous():
             raise ValueError("the C engine needs a contiguous float32 KV cache on the CPU")
         n = len(tokens)
-        x = self._embd[tokens]
+        x = np.ascontiguousarray(transformer.tok_embd.rows(tokens), dtype=np.float32)
         if c.embed_scale != 1.0:
             x *= np.float32(c.embed_scale)
-        glob = np.ascontiguousarray(masks[None]).view(np.uint8)
+        glob = np.ascontiguousarray(masks[None]).view(np.uint8) if None in masks else None
         swa = np.ascontiguousarray(masks[c.swa_window]).view(np.uint8) if c.swa_window in masks else glob
-        cos_g, sin_g = self._rope(positions, c.head_dim, c.rope_base)
-        cos_s, sin_s = self._rope(positions, c.head_dim, c.rope_base_swa) if c.swa_layers else (cos_g, sin_g)
+        glob = swa if glob is None else glob  # every layer slides
+        layer_ropes = [transformer.layer_rope(i, cache) for i in range(c.n_layer)]
+        global_rope = next((r for i, r in enumerate(layer_ropes) if i not in c.swa_layers), layer_ropes[0])
+        swa_rope = next((r for i, r in enumerate(layer_ropes) if i in c.swa_layers), global_rope)
+        cos_g, sin_g = self._rope(positions, c.head_dim, global_rope)
+        cos_s, sin_s = self._rope(positions, c.head_dim, swa_rope) if swa_rope != global_rope else (cos_g, sin_g)
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         logits = np.empty((rows.size, c.n_vocab), dtype=np.float32)
         cells = np.ascontiguousarray(cells, dtype=np.int64)
@@ -254,7 +258,7 @@ class CEngine:
             p(logits.ctypes.data), torch.get_num_threads())
         if rc != 0:
             raise MemoryError("the C engine could not allocate its work buffers")
-        return torch.from_numpy(logits)
+        return transformer.softcap(torch.from_numpy(logits))
 
     def linear(self, lin: Linear, x: np.ndarray) -> np.ndarray:
         """One linear on float rows [n, in] with this engine's kernels (for tests)."""

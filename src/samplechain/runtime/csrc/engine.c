@@ -42,6 +42,7 @@ typedef struct {
     const float *attn_norm, *ffn_norm, *q_norm, *k_norm, *post_attn_norm, *post_ffn_norm;
     sc_linear qkv, wo, gate_up, down;
     int32_t swa, pad;
+    const float *qkv_bias;  /* q|k|v biases (Qwen 2), or NULL */
 } sc_layer;
 
 typedef struct {
@@ -51,6 +52,7 @@ typedef struct {
     const sc_layer *layers;
     const float *output_norm;
     sc_linear output;
+    float attn_softcap, pad;  /* Gemma 2: scores = cap * tanh(scores / cap); 0: none */
 } sc_model;
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -488,6 +490,7 @@ static void attention(const sc_model *M, int n, const float *qkv, int stride, co
             for (int j = 0; j < n_kv; j++) {
                 if (!mk[j]) continue;
                 e[j] = dot_f32(q, K + (size_t)j * hd, hd) * M->attn_scale;
+                if (M->attn_softcap != 0.0f) e[j] = tanhf(e[j] / M->attn_softcap) * M->attn_softcap;
                 mx = e[j] > mx ? e[j] : mx;
             }
             for (int d = 0; d < hd; d++) o[d] = 0.0f;
@@ -535,6 +538,8 @@ int sc_forward(const sc_model *M, int n, float *x, const int64_t *cells, int n_k
         linear(&L->qkv, n, h, &q, t1, M->isa, nt);
         for (int i = 0; i < n; i++) {
             float *r = t1 + (size_t)i * qkv_n;
+            if (L->qkv_bias)
+                for (int j = 0; j < qkv_n; j++) r[j] += L->qkv_bias[j];
             if (L->q_norm) {
                 for (int hh = 0; hh < H; hh++) rms_norm(r + hh * hd, L->q_norm, r + hh * hd, hd, M->eps);
                 for (int hh = 0; hh < Hkv; hh++) rms_norm(r + qd + hh * hd, L->k_norm, r + qd + hh * hd, hd, M->eps);

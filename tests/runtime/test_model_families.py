@@ -1,0 +1,97 @@
+"""Every architecture we run against llama.cpp's own logits on tiny random-weight models (``tests/model_fixtures``):
+Llama 3 (rope_freqs), Mistral (SentencePiece), Qwen 2 (biases), Qwen 3 (q/k norms), Phi-3 (fused matrices, rope
+factors), Gemma 2 (soft-capping, sliding windows) and Gemma 3, each as F16 and as llama.cpp quantized it to Q8_0,
+Q4_K_M and Q6_K, on the torch reference path and on every compiled kernel variant this CPU runs.
+
+Two references per quantized file:
+- llama.cpp on the same weights dequantized to F32 (its float path): the same arithmetic up to rounding, so top-1
+  agrees on every position and the logits within ``EXACT_BOUND`` of the spread;
+- llama.cpp on the quantized file itself, whose matrix products quantize activations to 8 bits (ours keep 16 bits,
+  ~100x closer to the exact product): the logits within ``QUANT_BOUND`` of the spread, and top-1 on all positions
+  but at most one of the 40 (measured: 3 of the 21 files have one close call, where our torch reference path, with
+  float activations, disagrees with llama.cpp's quantized run in the same way).
+"""
+
+import numpy as np
+import pytest
+
+from model_fixtures import FAMILIES, N_TOKENS, files, reference, write_f16
+from samplechain.gguf import GGUFFile
+from samplechain.runtime import cpu_engine
+from samplechain.runtime.kernels import build_candidate
+from samplechain.runtime.model import ModelConfig, Transformer
+from samplechain.runtime.weights import WeightLoader
+
+EXACT_BOUND = 0.002  # max |ours - llama.cpp's float path| / logit spread
+QUANT_BOUND = 0.015  # max |ours - llama.cpp's quantized path| / logit spread
+KERNELS = ["torch-dense", *(f"c-{isa}" for isa in cpu_engine.supported_isas())]
+
+
+def logits(path, tokens, kernel):
+    g = GGUFFile(path)
+    t = build_candidate(Transformer(ModelConfig.from_gguf(g), WeightLoader(g, int4=kernel != "torch-dense")), kernel)
+    n = len(tokens)
+    return t.forward(t.new_cache(64), tokens, np.arange(n), [(0,)] * n, np.ones(n, dtype=bool)).numpy()
+
+
+def spread(ref):
+    return float(ref.max() - ref.min())
+
+
+@pytest.fixture(scope="module")
+def f16_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("f16")
+    out = {}
+    for family in FAMILIES:
+        path = folder / f"{family.name}-F16.gguf"
+        sha = write_f16(family, path)
+        # the generator still writes the very file llama.cpp evaluated
+        assert sha == reference(family)["f16_sha256"], family.name
+        out[family.name] = path
+    return out
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_f16_matches_llama_cpp(family, kernel, f16_files):
+    ref = reference(family)
+    expected = ref["logits"]["F16"]
+    ours = logits(f16_files[family.name], ref["tokens"], kernel)
+    assert ours.shape == expected.shape == (N_TOKENS, expected.shape[1])
+    np.testing.assert_array_equal(ours.argmax(-1), expected.argmax(-1))
+    assert np.abs(ours - expected).max() <= EXACT_BOUND * spread(expected)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K_M", "Q6_K"])
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_quantized_matches_llama_cpp(family, qtype, kernel):
+    ref = reference(family)
+    ours = logits(files(family)[qtype], ref["tokens"], kernel)
+    exact = ref["logits"][f"{qtype}_F32"]
+    np.testing.assert_array_equal(ours.argmax(-1), exact.argmax(-1))
+    assert np.abs(ours - exact).max() <= EXACT_BOUND * spread(exact)
+    quant = ref["logits"][qtype]
+    bound = QUANT_BOUND * spread(quant)
+    assert np.abs(ours - quant).max() <= bound
+    assert (ours.argmax(-1) == quant.argmax(-1)).sum() >= N_TOKENS - 1  # at most one close call of 40
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_compiled_engine_is_batch_invariant(family):
+    """One prompt batch, then the same tokens decoded one by one and in uneven chunks: the same bits."""
+    ref = reference(family)
+    tokens = ref["tokens"]
+    g = GGUFFile(files(family)["Q4_K_M"])
+    t = build_candidate(Transformer(ModelConfig.from_gguf(g), WeightLoader(g)), KERNELS[-1])
+    n = len(tokens)
+    whole = t.forward(t.new_cache(64), tokens, np.arange(n), [(0,)] * n, np.ones(n, dtype=bool)).numpy()
+    cache = t.new_cache(64)
+    parts, start = [], 0
+    for size in (1, 5, 2, 8, 1, 16, 7):
+        end = min(n, start + size)
+        parts.append(t.forward(cache, tokens[start:end], np.arange(start, end), [(0,)] * (end - start),
+                               np.ones(end - start, dtype=bool)).numpy())
+        start = end
+    assert start == n
+    np.testing.assert_array_equal(np.concatenate(parts), whole)
