@@ -128,64 +128,57 @@ class _Unicode:
             pos += 1
         self.starts, self.flags = starts, flags
         self.whitespace = frozenset(_UNICODE_WHITESPACE)
-        self._collapsed: dict[str, str] = {}
+        self._view = _LazyTable(self._view_of)
+        self._collapsed = _LazyTable(self._collapsed_of)
+        self._wide = {cp: "\x0b" for cp in self.whitespace if cp >= 0x80}
 
     def category(self, cp: int) -> int:
         return self.flags[bisect.bisect_right(self.starts, cp) - 1]
 
-    def char_class(self, mask: int) -> str:
-        """The body of a regex character class of every code point whose category is in ``mask``."""
-        parts = []
-        ends = [*self.starts[1:], 0x110000]
-        lo = hi = -2
-        for start, end, flag in zip(self.starts, ends, self.flags, strict=True):
-            if not flag & mask:
-                continue
-            if start == hi + 1:
-                hi = end - 1
-                continue
-            if lo >= 0:
-                parts.append(_range(lo, hi))
-            lo, hi = start, end - 1
-        if lo >= 0:
-            parts.append(_range(lo, hi))
-        return "".join(parts)
+    def ascii_class(self, mask: int) -> str:
+        """The ASCII code points of the categories in ``mask`` as the body of a regex class."""
+        return "".join(re.escape(chr(c)) for c in range(128) if self.category(c) & mask)
 
-    def whitespace_class(self) -> str:
-        return "".join(_range(c, c) for c in sorted(self.whitespace))
+    def view(self, text: str) -> str:
+        """The text for the custom splitters' regexes: ASCII kept, every other code point replaced by its class's
+        stand-in (letter ``\\x80``, number ``\\x81``, mark ``\\x82``, whitespace ``\\x83``, other ``\\x84``)."""
+        return text if text.isascii() else text.translate(self._view)
 
     def collapse(self, text: str) -> str:
         """llama.cpp's "collapsed" text for std::regex: ASCII kept, other code points replaced by their category's
         stand-in byte (whitespace by ``\\v``)."""
-        if text.isascii():
-            return text
-        table = self._collapsed
-        out = []
-        for ch in text:
-            if ch < "\x80":
-                out.append(ch)
-                continue
-            rep = table.get(ch)
-            if rep is None:
-                cp = ord(ch)
-                if cp in self.whitespace:
-                    rep = "\x0b"
-                else:
-                    rep = {_NUMBER: "\xd1", _LETTER: "\xd2", _PUNCTUATION: "\xd3", _ACCENT_MARK: "\xd4",
-                           _SYMBOL: "\xd5"}.get(self.category(cp), "\xd0")
-                table[ch] = rep
-            out.append(rep)
-        return "".join(out)
+        return text if text.isascii() else text.translate(self._collapsed)
 
     def widen(self, text: str) -> str:
         """llama.cpp's text for std::wregex: non-ASCII whitespace replaced by ``\\v``."""
-        if text.isascii():
-            return text
-        return "".join("\x0b" if ch >= "\x80" and ord(ch) in self.whitespace else ch for ch in text)
+        return text if text.isascii() else text.translate(self._wide)
+
+    def _view_of(self, cp: int) -> str:
+        if cp < 0x80:
+            return chr(cp)
+        if cp in self.whitespace:
+            return "\x83"
+        return {_LETTER: "\x80", _NUMBER: "\x81", _ACCENT_MARK: "\x82"}.get(self.category(cp), "\x84")
+
+    def _collapsed_of(self, cp: int) -> str:
+        if cp < 0x80:
+            return chr(cp)
+        if cp in self.whitespace:
+            return "\x0b"
+        return {_NUMBER: "\xd1", _LETTER: "\xd2", _PUNCTUATION: "\xd3", _ACCENT_MARK: "\xd4",
+                _SYMBOL: "\xd5"}.get(self.category(cp), "\xd0")
 
 
-def _range(lo: int, hi: int) -> str:
-    return f"\\U{lo:08x}" if lo == hi else f"\\U{lo:08x}-\\U{hi:08x}"
+class _LazyTable(dict):
+    """A ``str.translate`` table that computes a code point's replacement the first time it is seen."""
+
+    def __init__(self, compute: Any) -> None:
+        super().__init__()
+        self._compute = compute
+
+    def __missing__(self, cp: int) -> str:
+        value = self[cp] = self._compute(cp)
+        return value
 
 
 _UNICODE: _Unicode | None = None
@@ -306,10 +299,11 @@ def _ecmascript(expr: str) -> str:
 
 
 def _custom_regex(expr: str) -> str | None:
-    """llama.cpp's hand-written splitters (unicode_regex_split_custom_*), as regexes over its own classes."""
+    """llama.cpp's hand-written splitters (unicode_regex_split_custom_*), as regexes over :meth:`_Unicode.view`."""
     u = _unicode()
-    L, N, M = u.char_class(_LETTER), u.char_class(_NUMBER), u.char_class(_ACCENT_MARK)
-    W = u.whitespace_class()
+    L, N, M = (u.ascii_class(_LETTER) + "\x80", u.ascii_class(_NUMBER) + "\x81",
+               u.ascii_class(_ACCENT_MARK) + "\x82")
+    W = "".join(re.escape(chr(c)) for c in sorted(u.whitespace) if c < 0x80) + "\x83"
     space_runs = rf"[{W}]*[\r\n]+|[{W}]+(?![^{W}])|[{W}]+|."
     if expr == _GPT2:
         return rf"'s|'t|'re|'ve|'m|'ll|'d| ?[{L}]+| ?[{N}]+| ?[^{W}{L}{N}]+|[{W}]+(?![^{W}])|[{W}]+|."
@@ -330,7 +324,7 @@ class _PreTokenizer:
         for expr in regexes:
             custom = _custom_regex(expr)
             if custom is not None:
-                self.steps.append(("text", re.compile(custom, re.DOTALL)))
+                self.steps.append(("view", re.compile(custom, re.DOTALL)))
             elif any(cat in expr for cat in _UCAT_COLLAPSED):
                 self.steps.append(("collapsed", re.compile(_ecmascript(_collapse_regex(expr)), re.ASCII)))
             else:
@@ -338,11 +332,13 @@ class _PreTokenizer:
 
     def split(self, text: str) -> list[str]:
         pieces = [(0, len(text))]
-        views: dict[str, str] = {"text": text}
+        views: dict[str, str] = {}
         for kind, pattern in self.steps:
             view = views.get(kind)
             if view is None:
-                view = views[kind] = _unicode().collapse(text) if kind == "collapsed" else _unicode().widen(text)
+                u = _unicode()
+                view = views[kind] = u.view(text) if kind == "view" else u.collapse(text) if kind == "collapsed" \
+                    else u.widen(text)
             out: list[tuple[int, int]] = []
             for start, end in pieces:
                 pos = start
