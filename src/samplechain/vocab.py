@@ -13,8 +13,6 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 if TYPE_CHECKING:
     from samplechain.gguf import GGUFFile
 
@@ -50,6 +48,7 @@ class Vocab:
         add_eos: bool = False,
         tokenizer: Any = None,
         chat_template: str | None = None,
+        pieces: Sequence[bytes] | None = None,
     ) -> None:
         self._tokens = [self._check_token(i, t) for i, t in enumerate(tokens)]
         if not self._tokens:
@@ -69,36 +68,34 @@ class Vocab:
         self.add_eos = bool(add_eos)
         self.tokenizer = tokenizer  # the model's own tokenizer (``GGUFTokenizer``); None: longest match
         self.chat_template = chat_template
+        # llama.cpp's token_to_piece with ``special`` on (None: the token bytes); unused tokens are empty there
+        self._pieces = None if pieces is None else [self._check_token(i, t) for i, t in enumerate(pieces)]
+        if self._pieces is not None and len(self._pieces) != n:
+            raise ValueError(f"{len(self._pieces)} pieces for {n} tokens")
         assert n == self.n_tokens
 
     @classmethod
     def from_gguf(cls, source: str | os.PathLike[str] | GGUFFile) -> Vocab:
         """The vocabulary of a GGUF model: token bytes, special/EOG sets, the model's tokenizer, chat template."""
         from samplechain.gguf import GGUFFile
-        from samplechain.tokenizer import EOG_TEXTS, TOKEN_CONTROL, GGUFTokenizer, token_bytes_table
+        from samplechain.tokenizer import ATTR_CONTROL, ATTR_UNKNOWN, GGUFTokenizer, token_bytes_table
 
         gguf = source if isinstance(source, GGUFFile) else GGUFFile(source)
         meta = gguf.metadata
         tok = GGUFTokenizer(meta)
-        texts = tok.tokens
-
-        def token_id(key: str) -> int | None:
-            value = meta.get(f"tokenizer.ggml.{key}")
-            return int(value) if value is not None and 0 <= int(value) < len(texts) else None
-
-        bos, eos, eot = token_id("bos_token_id"), token_id("eos_token_id"), token_id("eot_token_id")
-        eog = [i for i, t in enumerate(texts) if t in EOG_TEXTS]
-        eom = token_id("eom_token_id")
-        return cls(
-            token_bytes_table(tok.model, texts, tok.types),
-            eog=[*eog, *(t for t in (eom,) if t is not None)],
-            special=np.flatnonzero(tok.types == TOKEN_CONTROL).tolist(),
-            bos=bos, eos=eos, eot=eot,
-            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", tok.model == "llama")),
-            add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+        vocab = cls(
+            token_bytes_table(tok.model, tok.tokens, tok.types),
+            eog=tok.eog,
+            special=[i for i, a in enumerate(tok.attrs) if a & (ATTR_CONTROL | ATTR_UNKNOWN)],
+            bos=tok.bos, eos=tok.eos, eot=tok.eot,
+            add_bos=tok.add_bos,
+            add_eos=tok.add_eos,
             tokenizer=tok,
             chat_template=meta.get("tokenizer.chat_template"),
+            pieces=tok.pieces,
         )
+        vocab.eog = tok.eog  # exactly llama.cpp's set (it may leave out an EOT it found, as for gpt-oss's <|end|>)
+        return vocab
 
     @staticmethod
     def _check_token(i: int, t: object) -> bytes:
@@ -132,7 +129,7 @@ class Vocab:
         """The token's bytes as llama.cpp's ``token_to_piece``: special tokens are empty unless ``special``."""
         if not special and token in self.special:
             return b""
-        return self._tokens[token]
+        return self._tokens[token] if self._pieces is None else self._pieces[token]
 
     def is_eog(self, token: int) -> bool:
         return token in self.eog
@@ -193,8 +190,15 @@ class Vocab:
             pos = start = pos + len(hit[0])
         return out + self.tokenize_bytes(data[start:])
 
-    def detokenize(self, ids: Iterable[int]) -> str:
-        return b"".join(self.piece(int(t)) for t in ids).decode("utf-8", errors="replace")
+    def detokenize(self, ids: Iterable[int], special: bool = False, remove_special: bool = False) -> str:
+        """Text of ``ids`` as llama.cpp's ``llama_detokenize(remove_special, unparse_special=special)``: with the
+        model's tokenizer, a SentencePiece text's leading space comes off and ``clean_spaces`` vocabularies drop
+        the spaces before punctuation; special tokens render only with ``special``."""
+        if self.tokenizer is not None and hasattr(self.tokenizer, "detokenize"):
+            data = self.tokenizer.detokenize(list(ids), remove_special=remove_special, unparse_special=special)
+        else:
+            data = b"".join(self.piece(int(t), special) for t in ids)
+        return data.decode("utf-8", errors="replace")
 
     def stream_decoder(self) -> StreamDecoder:
         return StreamDecoder(self)

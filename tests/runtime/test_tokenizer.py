@@ -35,7 +35,7 @@ def test_bos_follows_the_vocabulary(smol, gemma):
 
 def test_vocab_sets(smol, gemma):
     assert (smol.vocab.bos, smol.vocab.eos) == (1, 2)
-    assert smol.vocab.eog == {0, 2}  # <|endoftext|> and <|im_end|>
+    assert smol.vocab.eog == {0, 2, 4}  # <|endoftext|>, <|im_end|> and <reponame> (FIM repo: llama.cpp ends there)
     assert len(smol.vocab.special) == 17
     assert (gemma.vocab.bos, gemma.vocab.eos) == (2, 1)
     assert {1, 106} <= gemma.vocab.eog  # <eos>, <end_of_turn>
