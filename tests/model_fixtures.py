@@ -26,12 +26,25 @@ from pathlib import Path
 import numpy as np
 
 FIXTURES = Path(__file__).parent / "fixtures" / "models"
-N_VOCAB = 320  # the families' first tokens (a multiple of 16, as our engine tiles its output rows)
-N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF, N_LAYER = 256, 4, 2, 64, 256, 2
 N_TOKENS = 40  # the evaluated sequence
 QUANT_TYPES = {"Q8_0": 7, "Q4_K_M": 15, "Q6_K": 18}  # llama_ftype values
 SEED = 20261125
 TOKEN_CONTROL = 3
+
+
+@dataclass(frozen=True)
+class Shape:
+    n_vocab: int | None = 320  # the family's first tokens (a multiple of 16, as our engine tiles its output rows);
+    n_embd: int = 256  # None: the whole vocabulary
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 64
+    n_ff: int = 256
+    n_layer: int = 2
+
+
+TINY = Shape()
+N_VOCAB = TINY.n_vocab
 
 
 @dataclass(frozen=True)
@@ -67,9 +80,11 @@ def _vocab_source(vocab: str) -> Path:
     return vocab_file(vocab)
 
 
-def small_vocab(vocab: str) -> dict:
-    """The family's tokenizer metadata cut to N_VOCAB tokens: the first ones, the special tokens the metadata names
-    moved into the range (replacing the last kept tokens), and the merges whose parts and result are kept."""
+def small_vocab(vocab: str, n_vocab: int | None = N_VOCAB) -> dict:
+    """The family's tokenizer metadata cut to ``n_vocab`` tokens: the first ones, the special tokens the metadata
+    names moved into the range (replacing the last kept tokens), and the merges whose parts and result are kept.
+    ``n_vocab`` None keeps every token; more than the vocabulary has pads it with unused ``[PAD<i>]`` tokens (as
+    llama.cpp's converter pads Qwen's)."""
     from samplechain.gguf import GGUFFile
 
     g = GGUFFile(_vocab_source(vocab))
@@ -79,11 +94,25 @@ def small_vocab(vocab: str) -> dict:
     scores = meta.get("tokenizer.ggml.scores")
     keys = ["bos_token_id", "eos_token_id", "eot_token_id", "eom_token_id", "unknown_token_id", "padding_token_id"]
     ids = {k: int(meta[f"tokenizer.ggml.{k}"]) for k in keys if f"tokenizer.ggml.{k}" in meta}
-    keep = list(range(N_VOCAB))
-    slot = N_VOCAB - 1
+    if n_vocab is None or n_vocab >= len(tokens):
+        pad = 0 if n_vocab is None else n_vocab - len(tokens)
+        out = {"tokenizer.ggml.model": meta["tokenizer.ggml.model"],
+               "tokens": tokens + [f"[PAD{i}]" for i in range(pad)], "types": [*map(int, types), *[5] * pad],
+               "ids": ids}
+        if scores is not None:
+            out["scores"] = [*map(float, scores), *[0.0] * pad]
+        for key, name in (("pre", "pre"), ("merges", "merges")):
+            if f"tokenizer.ggml.{name}" in meta:
+                out[key] = meta[f"tokenizer.ggml.{name}"]
+        for key in ("add_bos_token", "add_eos_token", "add_space_prefix"):
+            if f"tokenizer.ggml.{key}" in meta:
+                out[key] = bool(meta[f"tokenizer.ggml.{key}"])
+        return out
+    keep = list(range(n_vocab))
+    slot = n_vocab - 1
     moved: dict[int, int] = {}
     for old in sorted(set(ids.values())):
-        if old >= N_VOCAB:
+        if old >= n_vocab:
             moved[old] = slot
             keep[slot] = old
             slot -= 1
@@ -108,51 +137,56 @@ def small_vocab(vocab: str) -> dict:
     return out
 
 
-def _weights(family: Family) -> dict[str, np.ndarray]:
-    """The family's tensors in NumPy order ([out, in]), seeded by its name."""
+def _weights(family: Family, shape: Shape = TINY, n_vocab: int = N_VOCAB, dtype: type = np.float32,
+             ) -> dict[str, np.ndarray]:
+    """The family's tensors in NumPy order ([out, in]), seeded by its name; matrices in ``dtype``."""
     rng = np.random.default_rng([SEED, *family.name.encode()])
     x = family.extra
     gemma = x.get("gemma")
+    n_embd, n_head, n_head_kv, head_dim, n_ff = shape.n_embd, shape.n_head, shape.n_head_kv, shape.head_dim, shape.n_ff
 
     def mat(n_out: int, n_in: int) -> np.ndarray:
-        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+        m = rng.standard_normal((n_out, n_in), dtype=np.float32)
+        m *= np.float32(1.0 / np.sqrt(n_in))
+        return m.astype(dtype, copy=False)
 
     def norm(n: int) -> np.ndarray:
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
-    qd, kd = N_HEAD * HEAD_DIM, N_HEAD_KV * HEAD_DIM
-    t = {"token_embd.weight": rng.standard_normal((N_VOCAB, N_EMBD)).astype(np.float32) * (0.06 if gemma else 1.0),
-         "output_norm.weight": norm(N_EMBD)}
+    qd, kd = n_head * head_dim, n_head_kv * head_dim
+    embd = rng.standard_normal((n_vocab, n_embd), dtype=np.float32)
+    embd *= np.float32(0.06 if gemma else 1.0)
+    t = {"token_embd.weight": embd.astype(dtype, copy=False), "output_norm.weight": norm(n_embd)}
     if not family.tied:
-        t["output.weight"] = mat(N_VOCAB, N_EMBD) * 4.0
+        t["output.weight"] = (mat(n_vocab, n_embd) * 4.0).astype(dtype, copy=False)
     if x.get("rope_freqs"):  # Llama 3.1's factors: 1 for high frequencies, up to 8 for low ones
-        t["rope_freqs.weight"] = np.linspace(1.0, 8.0, HEAD_DIM // 2).astype(np.float32)
+        t["rope_freqs.weight"] = np.linspace(1.0, 8.0, head_dim // 2).astype(np.float32)
     if x.get("rope_factors"):
-        t["rope_factors_short.weight"] = (1.0 + rng.random(HEAD_DIM // 2)).astype(np.float32)
-        t["rope_factors_long.weight"] = (1.0 + 4 * rng.random(HEAD_DIM // 2)).astype(np.float32)
-    for i in range(N_LAYER):
+        t["rope_factors_short.weight"] = (1.0 + rng.random(head_dim // 2)).astype(np.float32)
+        t["rope_factors_long.weight"] = (1.0 + 4 * rng.random(head_dim // 2)).astype(np.float32)
+    for i in range(shape.n_layer):
         p = f"blk.{i}."
-        t[p + "attn_norm.weight"] = norm(N_EMBD)
+        t[p + "attn_norm.weight"] = norm(n_embd)
         if x.get("fused"):
-            t[p + "attn_qkv.weight"] = mat(qd + 2 * kd, N_EMBD)
+            t[p + "attn_qkv.weight"] = mat(qd + 2 * kd, n_embd)
         else:
-            t[p + "attn_q.weight"], t[p + "attn_k.weight"] = mat(qd, N_EMBD), mat(kd, N_EMBD)
-            t[p + "attn_v.weight"] = mat(kd, N_EMBD)
+            t[p + "attn_q.weight"], t[p + "attn_k.weight"] = mat(qd, n_embd), mat(kd, n_embd)
+            t[p + "attn_v.weight"] = mat(kd, n_embd)
         if x.get("bias"):
             for name, n in (("q", qd), ("k", kd), ("v", kd)):
                 t[p + f"attn_{name}.bias"] = (0.5 * rng.standard_normal(n)).astype(np.float32)
         if x.get("qk_norm"):
-            t[p + "attn_q_norm.weight"], t[p + "attn_k_norm.weight"] = norm(HEAD_DIM), norm(HEAD_DIM)
-        t[p + "attn_output.weight"] = mat(N_EMBD, qd)
+            t[p + "attn_q_norm.weight"], t[p + "attn_k_norm.weight"] = norm(head_dim), norm(head_dim)
+        t[p + "attn_output.weight"] = mat(n_embd, qd)
         if gemma:
-            t[p + "post_attention_norm.weight"] = norm(N_EMBD)
-            t[p + "post_ffw_norm.weight"] = norm(N_EMBD)
-        t[p + "ffn_norm.weight"] = norm(N_EMBD)
+            t[p + "post_attention_norm.weight"] = norm(n_embd)
+            t[p + "post_ffw_norm.weight"] = norm(n_embd)
+        t[p + "ffn_norm.weight"] = norm(n_embd)
         if x.get("fused"):
-            t[p + "ffn_up.weight"] = mat(2 * N_FF, N_EMBD)
+            t[p + "ffn_up.weight"] = mat(2 * n_ff, n_embd)
         else:
-            t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"] = mat(N_FF, N_EMBD), mat(N_FF, N_EMBD)
-        t[p + "ffn_down.weight"] = mat(N_EMBD, N_FF)
+            t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"] = mat(n_ff, n_embd), mat(n_ff, n_embd)
+        t[p + "ffn_down.weight"] = mat(n_embd, n_ff)
     return t
 
 
@@ -163,23 +197,24 @@ def write_f16(family: Family, path: Path) -> str:
     return write_gguf(family, path, tensors)
 
 
-def write_gguf(family: Family, path: Path, tensors: dict[str, np.ndarray]) -> str:
+def write_gguf(family: Family, path: Path, tensors: dict[str, np.ndarray], shape: Shape = TINY,
+               context_length: int = 4096) -> str:
     """Write a GGUF of the family's metadata and ``tensors`` (F32 or F16 arrays); returns its SHA-256."""
     import gguf
 
     x = family.extra
-    v = small_vocab(family.vocab)
+    v = small_vocab(family.vocab, shape.n_vocab)
     w = gguf.GGUFWriter(str(path), family.arch)
     w.add_name(f"samplechain-fixture-{family.name}")
-    w.add_block_count(N_LAYER)
-    w.add_context_length(4096)
-    w.add_embedding_length(N_EMBD)
-    w.add_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
-    w.add_key_length(HEAD_DIM)
-    w.add_value_length(HEAD_DIM)
-    w.add_rope_dimension_count(HEAD_DIM)
+    w.add_block_count(shape.n_layer)
+    w.add_context_length(context_length)
+    w.add_embedding_length(shape.n_embd)
+    w.add_feed_forward_length(shape.n_ff)
+    w.add_head_count(shape.n_head)
+    w.add_head_count_kv(shape.n_head_kv)
+    w.add_key_length(shape.head_dim)
+    w.add_value_length(shape.head_dim)
+    w.add_rope_dimension_count(shape.head_dim)
     w.add_rope_freq_base(float(x.get("rope_base", 10000.0)))
     w.add_layer_norm_rms_eps(1e-6 if x.get("gemma") else 1e-5)
     w.add_file_type(1 if any(t.dtype == np.float16 for t in tensors.values()) else 0)  # MOSTLY_F16 / ALL_F32
@@ -218,7 +253,11 @@ def write_gguf(family: Family, path: Path, tensors: dict[str, np.ndarray]) -> st
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def dequantized(path: Path) -> dict[str, np.ndarray]:
