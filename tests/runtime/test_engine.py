@@ -162,7 +162,9 @@ def test_choice_is_measured_once_and_cached(smol, kernel_cache, monkeypatch):
     entry = next(iter(K._read_cache().values()))
     assert entry["kernel"] == chosen.kernel
     assert chosen.kernel.startswith("c-")  # the batch-invariant engine wins here
-    assert set(entry["decode_ms"]) == set(entry["batch8_ms"]) == set(K.CPU_CANDIDATES)
+    # only the compiled engine's variants are measured where it builds (no dequantized copy of the model)
+    compiled = {n for n, (_build, invariant) in K.CPU_CANDIDATES.items() if invariant}
+    assert set(entry["decode_ms"]) == set(entry["batch8_ms"]) == compiled
     score = entry["score"]
     # a candidate this CPU cannot run (e.g. c-avx512 on an AVX2 machine) has a problem and no score
     timed = [n for n in score if score[n] is not None]
@@ -175,6 +177,22 @@ def test_choice_is_measured_once_and_cached(smol, kernel_cache, monkeypatch):
 
     monkeypatch.setattr(K, "measure", no_measuring)
     assert K.choose_kernel(base).kernel == chosen.kernel
+
+
+def test_torch_paths_are_measured_against_the_reference_without_a_compiled_engine(smol, monkeypatch):
+    def unavailable(isa):
+        def build(_t):
+            raise EngineUnavailable(f"no {isa} here")
+        return build
+
+    table = {**K.CPU_CANDIDATES, **{n: (unavailable(n), True) for n in ("c-avx512vnni", "c-avx2", "c-generic")}}
+    monkeypatch.setattr(K, "CPU_CANDIDATES", table)
+    trials = {r.name: r for r in K.measure(smol.transformer)}
+    assert set(trials) == set(table)
+    assert all(trials[n].problem == f"no {n} here" for n in ("c-avx512vnni", "c-avx2", "c-generic"))
+    assert trials["torch-dense"].error == 0.0 and trials["torch-dense"].agreement == 1.0
+    assert trials["torch-int4-f32"].error is not None and trials["torch-int4-f32"].decode_ms is not None
+    assert K.pick(list(trials.values())).name.startswith("torch-")
 
 
 def test_pick_prefers_invariant_candidates_within_the_bound():

@@ -11,7 +11,8 @@ import importlib.util
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -83,10 +84,15 @@ class Model:
         """A context of its own; ``kv_unified=False`` gives each sequence a stream of ``n_ctx / n_seq_max`` cells."""
         return Context(self.transformer, n_ctx or min(4096, self.config.n_ctx_train), n_seq_max, n_batch, kv_unified)
 
-    def apply_chat_template(self, messages: Sequence[dict[str, str]] | str, add_generation_prompt: bool = True) -> str:
-        """The model's chat template (jinja2, sandboxed) applied to ``messages`` (or one user message). A GGUF
-        without a template gets llama.cpp's built-in one for its turn markers (Gemma's, else ChatML)."""
-        return apply_template(self.vocab, messages, add_generation_prompt)
+    def apply_chat_template(self, messages: Sequence[dict[str, Any]] | str, add_generation_prompt: bool = True, *,
+                            enable_thinking: bool | None = None, template_kwargs: Mapping[str, Any] | None = None,
+                            ) -> str:
+        """The model's chat template (jinja2, sandboxed) applied to ``messages`` (or one user message), as llama.cpp
+        renders it (``chat_template.render``); ``enable_thinking`` False closes Qwen 3's thinking block, None is
+        llama.cpp's default; ``template_kwargs`` are extra template variables (llama-server's
+        ``chat_template_kwargs``). A GGUF without a template gets llama.cpp's built-in one for its turn markers."""
+        return apply_template(self.vocab, messages, add_generation_prompt, enable_thinking=enable_thinking,
+                              template_kwargs=template_kwargs)
 
     def generate(
         self,

@@ -5,10 +5,10 @@ same with TF32 matrix products) and ``cuda-eager``.
 
 Candidates on the CPU: the compiled engine's kernel variants (``c-avx512vnni``, ``c-avx2``, ``c-generic``: the same
 bits, batch-invariant) and torch's paths (``torch-int4-f32``, ``torch-int4-bf16``: torch's int4 kernel with float32 or
-bfloat16 activations; ``torch-dense``: the dequantized reference). At first use for a machine and model shape every
-candidate this CPU can run is timed on decode steps and checked against the dequantized reference; the fastest
-batch-invariant candidate within the accuracy bound is kept (torch's paths only when no compiled engine can be
-built). The choice is cached in ``<cache dir>/kernels.json``; ``SAMPLECHAIN_KERNEL=name`` overrides it.
+bfloat16 activations; ``torch-dense``: the dequantized reference). At first use for a machine and model shape the
+compiled engine's variants this CPU can run are timed on decode steps (and checked to give the same bits) and the
+fastest is kept; torch's paths are measured, against the dequantized reference, only when no compiled engine can be
+built. The choice is cached in ``<cache dir>/kernels.json``; ``SAMPLECHAIN_KERNEL=name`` overrides it.
 """
 
 from __future__ import annotations
@@ -183,32 +183,50 @@ class _Timing:
         return self.best + min(self.batch_times[1:] or self.batch_times) / BATCH
 
 
-def trial(t: Transformer, name: str, reference: torch.Tensor) -> tuple[Trial, _Timing | None]:
-    """Candidate ``name`` built and checked against ``reference``; its timing is set up, not yet run."""
+def trial(t: Transformer, name: str, reference: torch.Tensor | None, exact: bool = False,
+          ) -> tuple[Trial, _Timing | None, torch.Tensor | None]:
+    """Candidate ``name`` built and checked against ``reference`` (within the accuracy bound; with ``exact``, bit
+    for bit); its timing is set up, not yet run. Also returns its logits on the calibration tokens."""
     result = Trial(name, invariant=candidates(t)[name][1])
     try:
         cand = build_candidate(t, name)
     except EngineUnavailable as e:
         result.problem = str(e)
-        return result, None
+        return result, None, None
     tokens = CALIBRATION % t.config.n_vocab
     logits = _logits(cand, tokens)
-    scale = float(reference.abs().max())
-    result.error = float((logits - reference).abs().max()) / scale
-    result.agreement = float((logits.argmax(-1) == reference.argmax(-1)).float().mean())
-    if not result.error <= ACCURACY_BOUND:
-        result.problem = f"outside the accuracy bound (error {result.error:.3f} > {ACCURACY_BOUND})"
-    return result, _Timing(cand, tokens)
+    if reference is not None:
+        scale = float(reference.abs().max())
+        result.error = float((logits - reference).abs().max()) / scale
+        result.agreement = float((logits.argmax(-1) == reference.argmax(-1)).float().mean())
+        if exact and result.error != 0.0:
+            result.problem = f"differs from the other compiled variants (error {result.error:.2e})"
+        elif not result.error <= ACCURACY_BOUND:
+            result.problem = f"outside the accuracy bound (error {result.error:.3f} > {ACCURACY_BOUND})"
+    return result, _Timing(cand, tokens), logits
 
 
 def measure(t: Transformer) -> list[Trial]:
-    """Every candidate for the model's device checked and timed (the fastest first). The candidates take turns,
-    one decode step each, so a burst of load elsewhere on the machine falls on all of them alike; one that is
-    five times slower than the best after three steps stops early."""
+    """The candidates for the model's device checked and timed (the fastest first). Where the compiled CPU engine
+    builds, only its variants run: ``pick`` never prefers torch's paths to it, and its variants must give the same
+    bits (each is checked against the first; their accuracy against the dequantized model is a tested property), so
+    no dequantized copy of the model is made (for a 1B model that would be gigabytes). Otherwise every candidate is
+    checked against the dequantized reference. The candidates take turns, one decode step each, so a burst of load
+    elsewhere on the machine falls on all of them alike; one that is five times slower than the best after three
+    steps stops early."""
     has_q4 = any(lin.q4 is not None for layer in t.layers for lin in (layer.qkv, layer.gate_up))
-    names = [n for n in candidates(t) if has_q4 or not n.startswith("torch-int4")]
-    reference = _logits(t.dense(), CALIBRATION % t.config.n_vocab)
-    runs = [trial(t, name, reference) for name in names]
+    table = candidates(t)
+    names = [n for n in table if has_q4 or not n.startswith("torch-int4")]
+    runs: list[tuple[Trial, _Timing | None]] = []
+    first: torch.Tensor | None = None
+    if t.device.type == "cpu":
+        for name in (n for n in names if table[n][1]):
+            r, timing, logits = trial(t, name, first, exact=True)
+            runs.append((r, timing))
+            first = logits if first is None else first
+    if first is None:
+        reference = _logits(t.dense(), CALIBRATION % t.config.n_vocab)
+        runs += [trial(t, name, reference)[:2] for name in names if name not in {r.name for r, _ in runs}]
     timed = [(r, timing) for r, timing in runs if timing is not None]
     for round_ in range(DECODE_STEPS):
         best = min((timing.best for r, timing in timed if r.eligible_to_time and timing.times), default=None)

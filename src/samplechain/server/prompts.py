@@ -132,13 +132,25 @@ def chat_prompt(model: Model, body: Mapping[str, Any], n_ctx: int | None = None)
         raise bad_request("Cannot set both add_generation_prompt and continue_final_message to true.")
     if body.get("tools") and body.get("tool_choice", "auto") != "none":
         raise bad_request("tools are not supported by this server's chat formats yet")
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, Mapping):
+        raise bad_request("'chat_template_kwargs' must be an object")
+    thinking = kwargs.get("enable_thinking", False if body.get("reasoning_effort") == "none" else None)
+    if thinking is not None and not isinstance(thinking, bool):
+        raise bad_request(f'invalid type for "enable_thinking" (expected boolean, got {type(thinking).__name__})')
+
+    extra = {k: v for k, v in kwargs.items() if k != "enable_thinking"}
+
+    def render(msgs: list[dict[str, str]], add_generation_prompt: bool) -> str:  # a template's ValueError is a 400
+        return model.apply_chat_template(msgs, add_generation_prompt, enable_thinking=thinking, template_kwargs=extra)
+
     prefill = messages and messages[-1]["role"] == "assistant" and (add_gen or cont)
     if prefill:  # assistant prefill: continue the last message
-        head = model.apply_chat_template(messages[:-1], add_generation_prompt=True)
+        head = render(messages[:-1], True)
         return head + messages[-1]["content"], messages[-1]["content"]
     if not messages:
         raise bad_request("'messages' must not be empty")
-    text = model.apply_chat_template(messages, add_generation_prompt=add_gen)
-    without = model.apply_chat_template(messages, add_generation_prompt=False)
+    text = render(messages, add_gen)
+    without = render(messages, False)
     return text, text[len(without):] if text.startswith(without) else ""
 

@@ -1,0 +1,178 @@
+"""The models people run, at their real shapes: decode and prompt tok/s and peak memory against llama.cpp.
+
+Two random-weight models with the exact shapes of Llama-3.2-1B (llama, 16 layers, 2048 wide, GQA 32/8, 128256-token
+Llama 3 vocabulary, rope_freqs, tied output) and Qwen2.5-0.5B (qwen2, 24 layers, 896 wide, GQA 14/2, q/k/v biases,
+151936 tokens, tied output) are written by ``tests/model_fixtures`` (seeded) as F16 and quantized by llama.cpp's own
+quantizer to Q4_K_M (Q4_K with Q6_K where llama.cpp's recipe puts it; Qwen's 896-wide rows fall back to llama.cpp's
+choices). Random weights cost the same time as trained ones. The files are built once into the cache directory.
+
+Fairness: each side runs in its own fresh process (so peak RSS is its own), 2 threads, the same prompt tokens
+(``--prompt-tokens`` random ids, one batch) and the same decode rule (``--n`` tokens, EOS ignored, llama.cpp's default
+sampler chain through each side's own sampler, seed 1234); times are medians of ``--repeats``. Peak RSS is measured
+after loading and after the run (``ru_maxrss``), next to the file size and the KV cache each side allocates.
+Run: ``python -m benchmarks.bench_models`` (needs the bench extra: llama-cpp-python).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+SHAPES = {
+    # name: (family in tests/model_fixtures, Shape fields, context length)
+    "llama-3.2-1b": ("llama3", dict(n_vocab=128256, n_embd=2048, n_head=32, n_head_kv=8, head_dim=64, n_ff=8192,
+                                    n_layer=16), 131072),
+    "qwen2.5-0.5b": ("qwen2", dict(n_vocab=151936, n_embd=896, n_head=14, n_head_kv=2, head_dim=64, n_ff=4864,
+                                   n_layer=24), 32768),
+}
+N_CTX = 1024
+
+
+def build(name: str) -> Path:
+    """The model's Q4_K_M file (built once: F16 from the seeded generator, quantized by llama.cpp)."""
+    from tests import model_fixtures as mf
+
+    from samplechain.runtime.cpu_engine import cache_dir
+
+    folder = Path(cache_dir()) / "bench-models"
+    out = folder / f"{name}-Q4_K_M.gguf"
+    if out.exists():
+        return out
+    folder.mkdir(parents=True, exist_ok=True)
+    family_name, fields, n_ctx_train = SHAPES[name]
+    base = next(f for f in mf.FAMILIES if f.name == family_name)
+    family = mf.Family(name, base.arch, base.vocab, tied=True, extra=base.extra)
+    shape = mf.Shape(**fields)
+    print(f"building {out.name} (random weights, llama.cpp's quantizer) ...", file=sys.stderr)
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        f16 = Path(tmp) / f"{name}-F16.gguf"
+        tensors = mf._weights(family, shape, n_vocab=shape.n_vocab, dtype=np.float16)
+        tensors = {k: v if v.ndim == 1 else v.astype(np.float16, copy=False) for k, v in tensors.items()}
+        mf.write_gguf(family, f16, tensors, shape, context_length=n_ctx_train)
+        del tensors
+        partial = Path(tmp) / out.name
+        mf._quantize(f16, partial, mf.QUANT_TYPES["Q4_K_M"])
+        os.replace(partial, out)
+    return out
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_ours(path: str, tokens: list[int], n: int, repeats: int) -> dict:
+    import torch
+
+    from samplechain import SamplingParams
+    from samplechain.runtime import load_model
+
+    start = time.perf_counter()
+    model = load_model(path, n_threads=2)
+    load_s = time.perf_counter() - start
+    rss_load = _rss_mib()
+    pp, tg = [], []
+    params = SamplingParams(seed=1234, ignore_eos=True)
+    ctx = model.new_context(N_CTX)
+    kv_mib = (ctx.kv.k.numel() + ctx.kv.v.numel()) * ctx.kv.k.element_size() / 2**20
+    for _ in range(repeats):
+        ctx.clear()
+        t0 = time.perf_counter()
+        ctx.decode(tokens)
+        pp.append(len(tokens) / (time.perf_counter() - t0))
+        for _ in model.generate(tokens[:8], params, n_predict=n):
+            pass
+        t = model.timings
+        tg.append(1e3 * t.n_eval / t.eval_ms)
+    del torch
+    return {"load_s": load_s, "rss_load_mib": rss_load, "rss_peak_mib": _rss_mib(), "kv_mib": kv_mib,
+            "prompt": statistics.median(pp), "decode": statistics.median(tg), "kernel": model.transformer.kernel}
+
+
+def run_llama(path: str, tokens: list[int], n: int, repeats: int) -> dict:
+    import llama_cpp
+
+    from benchmarks import _llama
+
+    _llama.without_extra_bufts()
+    start = time.perf_counter()
+    llm = llama_cpp.Llama(path, n_threads=2, n_threads_batch=2, n_ctx=N_CTX, n_batch=512, verbose=False)
+    load_s = time.perf_counter() - start
+    rss_load = _rss_mib()
+    meta = llm.metadata
+    arch = meta["general.architecture"]
+    n_layer, n_kv = int(meta[f"{arch}.block_count"]), int(meta[f"{arch}.attention.head_count_kv"])
+    head = int(meta.get(f"{arch}.attention.key_length", int(meta[f"{arch}.embedding_length"])
+                        // int(meta[f"{arch}.attention.head_count"])))
+    kv_mib = 2 * n_layer * n_kv * head * N_CTX * 2 / 2**20  # f16 cache
+    pp, tg = [], []
+    for _ in range(repeats):
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(tokens)
+        pp.append(len(tokens) / (time.perf_counter() - t0))
+        llm.reset()
+        count, t0 = 0, None
+        for _ in llm.generate(tokens[:8], top_k=40, top_p=0.95, min_p=0.05, temp=0.8, repeat_penalty=1.0,
+                              reset=True):
+            if t0 is None:  # the first token comes out of prompt processing
+                t0 = time.perf_counter()
+            count += 1
+            if count > n:
+                break
+        tg.append((count - 1) / (time.perf_counter() - t0))
+    return {"load_s": load_s, "rss_load_mib": rss_load, "rss_peak_mib": _rss_mib(), "kv_mib": kv_mib,
+            "prompt": statistics.median(pp), "decode": statistics.median(tg), "kernel": "llama.cpp"}
+
+
+def worker(side: str, path: str, tokens: list[int], n: int, repeats: int) -> dict:
+    """One side in a fresh process (its own peak RSS)."""
+    code = (f"import json, sys; from benchmarks.bench_models import run_{side}; "
+            f"print(json.dumps(run_{side}({path!r}, {tokens!r}, {n}, {repeats})))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{side} failed: {proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default=",".join(SHAPES))
+    ap.add_argument("--prompt-tokens", type=int, default=256)
+    ap.add_argument("--n", type=int, default=64, help="decoded tokens")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-llama", action="store_true", help="ours only (no anchor)")
+    args = ap.parse_args()
+    print(f"{'model':>14}  {'what':<20} {'ours':>9} {'llama.cpp':>10} {'ratio':>6}")
+    for name in args.models.split(","):
+        path = str(build(name))
+        file_mib = os.path.getsize(path) / 2**20
+        vocab = SHAPES[name][1]["n_vocab"]
+        tokens = np.random.default_rng(1234).integers(0, min(vocab, 100000), args.prompt_tokens).tolist()
+        us = worker("ours", path, tokens, args.n, args.repeats)
+        them = None if args.no_llama else worker("llama", path, tokens, args.n, args.repeats)
+
+        for what, key in (("decode tok/s", "decode"), ("prompt tok/s", "prompt"), ("load s", "load_s"),
+                          ("RSS after load MiB", "rss_load_mib"), ("peak RSS MiB", "rss_peak_mib")):
+            a, b = us[key], them[key] if them else None
+            ratio = f"{a / b:6.2f}" if b else f"{'-':>6}"
+            anchor = f"{b:10.2f}" if b is not None else f"{'-':>10}"
+            print(f"{name:>14}  {what:<20} {a:9.2f} {anchor} {ratio}")
+        print(f"{name:>14}  {'file MiB':<20} {file_mib:9.1f}")
+        print(f"{name:>14}  {'KV cache MiB':<20} {us['kv_mib']:9.1f} {them['kv_mib'] if them else 0:10.1f}")
+        limit = 1.15 * file_mib + us["kv_mib"]
+        print(f"{name:>14}  {'peak / (1.15 file+KV)':<20} {us['rss_peak_mib'] / limit:9.2f}")
+        print(f"{name:>14}  {'kernel':<20} {us['kernel']:>9}")
+
+
+if __name__ == "__main__":
+    main()
