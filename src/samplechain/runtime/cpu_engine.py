@@ -195,7 +195,7 @@ def pack_values(u: np.ndarray, bits: int) -> np.ndarray:
     return np.concatenate(out, axis=-1) if len(out) > 1 else np.ascontiguousarray(out[0])
 
 
-def _ptr(a: np.ndarray | None) -> int | None:
+def _addr(a: np.ndarray | None) -> int | None:
     return None if a is None else a.ctypes.data
 
 
@@ -211,7 +211,7 @@ def pack_part(part: Part, keep: list) -> CLinear:
             data[r // TILE:(r + CHUNK_ROWS) // TILE] = _tiles(rows, len(rows)).transpose(0, 2, 1)
         keep.append(data)
         kind = F16 if t == "F16" else BF16
-        return CLinear(kind, n_out, n_in, 0, _ptr(data), None, None, None, 0, 0, None, None, None)
+        return CLinear(kind, n_out, n_in, 0, _addr(data), None, None, None, 0, 0, None, None, None)
     kind, zero = INT_KINDS[t]
     first = part.blocks(0, TILE)
     data = np.empty((T, nb, {W4: 256, W5: 320, W6: 384, W8: 512}[kind]), dtype=np.uint8)
@@ -238,8 +238,8 @@ def pack_part(part: Part, keep: list) -> CLinear:
             if m is not None:
                 m[s] = _per_tile(b.m16)
     keep.extend(a for a in (data, d, m, sd, sm) if a is not None)
-    return CLinear(kind, n_out, n_in, 0, _ptr(data), _ptr(d), _ptr(m), None, zero, SK if k_quant else SF16,
-                   _ptr(sd), _ptr(sm), None)
+    return CLinear(kind, n_out, n_in, 0, _addr(data), _addr(d), _addr(m), None, zero, SK if k_quant else SF16,
+                   _addr(sd), _addr(sm), None)
 
 
 def pack_linear(lin: Linear, keep: list) -> CLinear:
@@ -271,7 +271,7 @@ def pack_linear(lin: Linear, keep: list) -> CLinear:
         w = lin.dense_weight().detach().cpu().numpy().astype(np.float32, copy=False)
         kind, data = F32, np.ascontiguousarray(_tiles(w, n_out).transpose(0, 2, 1))
     keep.extend(a for a in (data, d, m) if a is not None)
-    return CLinear(kind, n_out, n_in, 0, _ptr(data), _ptr(d), _ptr(m), None, 0, SF32, None, None, None)
+    return CLinear(kind, n_out, n_in, 0, _addr(data), _addr(d), _addr(m), None, 0, SF32, None, None, None)
 
 
 def packed_bytes(keep: list) -> int:
@@ -279,7 +279,7 @@ def packed_bytes(keep: list) -> int:
     return sum(a.nbytes for a in keep if isinstance(a, np.ndarray))
 
 
-def _tensor_ptr(t: torch.Tensor | None, keep: list) -> int | None:
+def _ptr(t: torch.Tensor | None, keep: list) -> int | None:
     if t is None:
         return None
     a = np.ascontiguousarray(t.detach().cpu().numpy(), dtype=np.float32)
@@ -307,14 +307,13 @@ class CEngine:
         layers = (CLayer * c.n_layer)()
         for i, L in enumerate(transformer.layers):
             layers[i] = CLayer(
-                _tensor_ptr(L.attn_norm, k), _tensor_ptr(L.ffn_norm, k), _tensor_ptr(L.q_norm, k),
-                _tensor_ptr(L.k_norm, k), _tensor_ptr(L.post_attn_norm, k), _tensor_ptr(L.post_ffn_norm, k),
-                pack_linear(L.qkv, k), pack_linear(L.wo, k), pack_linear(L.gate_up, k), pack_linear(L.down, k),
-                int(i in c.swa_layers), 0)
+                _ptr(L.attn_norm, k), _ptr(L.ffn_norm, k), _ptr(L.q_norm, k), _ptr(L.k_norm, k),
+                _ptr(L.post_attn_norm, k), _ptr(L.post_ffn_norm, k), pack_linear(L.qkv, k), pack_linear(L.wo, k),
+                pack_linear(L.gate_up, k), pack_linear(L.down, k), int(i in c.swa_layers), 0)
         self._layers = layers
         self.model = CModel(c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.n_vocab,
                             int(c.arch == "gemma3"), c.rms_eps, c.attn_scale, 0, ISAS[isa], layers,
-                            _tensor_ptr(transformer.output_norm, k), pack_linear(transformer.output, k))
+                            _ptr(transformer.output_norm, k), pack_linear(transformer.output, k))
         self._embd = transformer.tok_embd.detach().numpy()
         self._inv_freq: dict[float, np.ndarray] = {}
 

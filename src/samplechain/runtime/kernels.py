@@ -88,8 +88,7 @@ class Trial:
 
 def shape_key(t: Transformer) -> str:
     c = t.config
-    kinds = sorted({"q4" if lin.q4 is not None else "q8" if lin.q8 is not None else "f32"
-                    for layer in t.layers for lin in (layer.qkv, layer.wo, layer.gate_up, layer.down)})
+    kinds = sorted({lin.form for layer in t.layers for lin in (layer.qkv, layer.wo, layer.gate_up, layer.down)})
     return (f"{c.arch} L{c.n_layer} E{c.n_embd} H{c.n_head}/{c.n_head_kv}x{c.head_dim} F{c.n_ff} V{c.n_vocab} "
             f"{'+'.join(kinds)}")
 

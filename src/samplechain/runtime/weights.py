@@ -207,19 +207,29 @@ class Part:
         return decode_blocks(self.type_name, self.raw[start:stop])
 
     def dequantize(self) -> np.ndarray:
-        """float32 [rows, n_in]; the 4- and 8-bit types exactly as their unpacked forms give them."""
-        t = self.type_name
+        """float32 [rows, n_in]; the 4- and 8-bit types exactly as their unpacked forms give them. Decoded a few
+        thousand rows at a time: the only full-size array is the result."""
+        out = np.empty((self.rows, self.n_in), dtype=np.float32)
+        for r in range(0, self.rows, DEQUANT_ROWS):
+            out[r:r + DEQUANT_ROWS] = self._dequantize(self.raw[r:r + DEQUANT_ROWS])
+        return out
+
+    def _dequantize(self, raw: np.ndarray) -> np.ndarray:
+        t, rows = self.type_name, raw.shape[0]
         if t in INT4_TYPES:
-            q, d, m = q4k_unpack(self.raw) if t == "Q4_K" else q4_unpack(self.raw, t)
-            return (q.astype(np.float32).reshape(self.rows, -1, GROUP) * d[:, :, None] + m[:, :, None]).reshape(q.shape)
+            q, d, m = q4k_unpack(raw) if t == "Q4_K" else q4_unpack(raw, t)
+            return (q.astype(np.float32).reshape(rows, -1, GROUP) * d[:, :, None] + m[:, :, None]).reshape(q.shape)
         if t in INT8_TYPES:
-            q, d = q8_unpack(self.raw, t)
-            return (q.astype(np.float32).reshape(self.rows, -1, GROUP) * d[:, :, None]).reshape(q.shape)
+            q, d = q8_unpack(raw, t)
+            return (q.astype(np.float32).reshape(rows, -1, GROUP) * d[:, :, None]).reshape(q.shape)
         if t == "F16":
-            return self.raw.view(np.float16).astype(np.float32)
+            return raw.view(np.float16).astype(np.float32)
         if t == "BF16":
-            return (self.raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-        return self.blocks().dequantize()
+            return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        return decode_blocks(t, raw).dequantize()
+
+
+DEQUANT_ROWS = 4096
 
 
 class Linear:

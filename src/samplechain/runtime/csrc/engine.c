@@ -282,10 +282,11 @@ static inline void scales_avx2(const sc_linear *L, int t, int b, __m256 d[2][2],
     }
 }
 
-__attribute__((target("avx2,fma,f16c")))
-static void tile_avx2(const sc_linear *L, int t, const int16_t *xq, const float *xd, const int32_t *xs,
-                      float *out) {
-    int nb = L->n_in / QK, kind = L->kind, split = kind == SC_W6;
+/* the body for one kind (a constant: each kind gets its own compiled loop) */
+__attribute__((target("avx2,fma,f16c"), always_inline))
+static inline void tile_avx2_kind(const sc_linear *L, int t, const int16_t *xq, const float *xd, const int32_t *xs,
+                                  float *out, const int kind) {
+    int nb = L->n_in / QK, split = kind == SC_W6, zero = L->zero;
     size_t bb = block_bytes(kind);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     const __m128i lo = _mm_set1_epi8(15), one = _mm_set1_epi8(1), three = _mm_set1_epi8(3);
@@ -301,7 +302,7 @@ static void tile_avx2(const sc_linear *L, int t, const int16_t *xq, const float 
             const uint8_t *p = L->q + blk * bb;
             for (int k = 0; k < 4; k++) {
                 __m256i xl = _mm256_set1_epi64x(x4(x + 8 * k)), xh = _mm256_set1_epi64x(x4(x + 8 * k + 4));
-                int h = split && k >= 2;
+                int h = kind == SC_W6 ? k >> 1 : 0;
                 __m128i c0 = _mm_cvtsi32_si128(2 * k), c1 = _mm_cvtsi32_si128(2 * k + 1);
                 __m128i c2 = _mm_cvtsi32_si128(4 * (k & 1)), c3 = _mm_cvtsi32_si128(4 * (k & 1) + 2);
                 for (int c = 0; c < 4; c++) {
@@ -316,8 +317,8 @@ static void tile_avx2(const sc_linear *L, int t, const int16_t *xq, const float 
                         l = _mm_or_si128(l, _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, c2), three), 4));
                         hh = _mm_or_si128(hh, _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, c3), three), 4));
                     }
-                    __m256i wl = _mm256_sub_epi16(_mm256_cvtepu8_epi16(l), z);
-                    __m256i wh = _mm256_sub_epi16(_mm256_cvtepu8_epi16(hh), z);
+                    __m256i wl = _mm256_cvtepu8_epi16(l), wh = _mm256_cvtepu8_epi16(hh);
+                    if (zero) wl = _mm256_sub_epi16(wl, z), wh = _mm256_sub_epi16(wh, z);
                     s[h][c] = _mm256_add_epi32(s[h][c], _mm256_add_epi32(_mm256_madd_epi16(wl, xl),
                                                                          _mm256_madd_epi16(wh, xh)));
                 }
@@ -327,13 +328,13 @@ static void tile_avx2(const sc_linear *L, int t, const int16_t *xq, const float 
             for (int k = 0; k < 8; k++) {
                 __m256i xb = _mm256_set1_epi64x(x4(x + 4 * k));
                 for (int c = 0; c < 4; c++) {
-                    __m256i w = _mm256_sub_epi16(
-                        _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 64 * k + 16 * c))), z);
+                    __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 64 * k + 16 * c)));
+                    if (zero) w = _mm256_sub_epi16(w, z);
                     s[0][c] = _mm256_add_epi32(s[0][c], _mm256_madd_epi16(w, xb));
                 }
             }
         }
-        __m256 d[2][2], m[2];
+        __m256 d[2][2], m[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
         scales_avx2(L, t, b, d, m);
         __m256 dx = _mm256_set1_ps(xd[b]);
         for (int h = 0; h <= split; h++) {
@@ -350,6 +351,17 @@ static void tile_avx2(const sc_linear *L, int t, const int16_t *xq, const float 
     }
     _mm256_storeu_ps(out, acc0);
     _mm256_storeu_ps(out + 8, acc1);
+}
+
+__attribute__((target("avx2,fma,f16c")))
+static void tile_avx2(const sc_linear *L, int t, const int16_t *xq, const float *xd, const int32_t *xs,
+                      float *out) {
+    switch (L->kind) {
+    case SC_W4: tile_avx2_kind(L, t, xq, xd, xs, out, SC_W4); break;
+    case SC_W5: tile_avx2_kind(L, t, xq, xd, xs, out, SC_W5); break;
+    case SC_W6: tile_avx2_kind(L, t, xq, xd, xs, out, SC_W6); break;
+    default: tile_avx2_kind(L, t, xq, xd, xs, out, SC_W8); break;
+    }
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
@@ -382,10 +394,10 @@ static inline void scales_avx512(const sc_linear *L, int t, int b, __m512 d[2], 
 /* Up to 4 tokens at once (one token: m = 1): a block's weights are widened to int16 once and used by every token.
    Each token's sums and float operations are exactly those of tile_generic. */
 #define MULTI 4
-__attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
-static void tiles_avx512vnni(const sc_linear *L, int t, const int16_t *const *xq, const float *const *xd,
-                             const int32_t *const *xs, int m, float *const *out) {
-    int nb = L->n_in / QK, kind = L->kind, split = kind == SC_W6;
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma"), always_inline))
+static inline void tiles_avx512vnni_kind(const sc_linear *L, int t, const int16_t *const *xq, const float *const *xd,
+                                         const int32_t *const *xs, int m, float *const *out, const int kind) {
+    int nb = L->n_in / QK, split = kind == SC_W6;
     size_t bb = block_bytes(kind);
     const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
     const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
@@ -444,6 +456,17 @@ static void tiles_avx512vnni(const sc_linear *L, int t, const int16_t *const *xq
         }
     }
     for (int j = 0; j < m; j++) _mm512_storeu_ps(out[j], acc[j]);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
+static void tiles_avx512vnni(const sc_linear *L, int t, const int16_t *const *xq, const float *const *xd,
+                             const int32_t *const *xs, int m, float *const *out) {
+    switch (L->kind) {
+    case SC_W4: tiles_avx512vnni_kind(L, t, xq, xd, xs, m, out, SC_W4); break;
+    case SC_W5: tiles_avx512vnni_kind(L, t, xq, xd, xs, m, out, SC_W5); break;
+    case SC_W6: tiles_avx512vnni_kind(L, t, xq, xd, xs, m, out, SC_W6); break;
+    default: tiles_avx512vnni_kind(L, t, xq, xd, xs, m, out, SC_W8); break;
+    }
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
@@ -565,59 +588,47 @@ static f32_fn f32_kernel(int isa) {
     return f32_generic;
 }
 
-/* one segment of a chain: y[n, ld] (its own columns) = x[n, n_in] @ W.T, x as float or quantized rows */
-static void matmul_one(const sc_linear *L, int n, const float *xf, const q16_rows *xq, float *y, int ld, int isa,
-                       int nt) {
-    int tiles = L->n_out / TILE, nbq = L->n_in / QK;
+/* one tile of one segment of a chain for n tokens: y[n, ld] (the segment's own columns) = x[n, n_in] @ W.T, x as float
+   or quantized rows */
+static void tile_rows(const sc_linear *L, int t, int n, const float *xf, const q16_rows *xq, float *y, int ld, int isa) {
+    int nbq = L->n_in / QK;
     if (is_float_kind(L->kind)) {
         f32_fn g = f32_kernel(isa);
-        #pragma omp parallel for schedule(static) num_threads(nt)
-        for (int t = 0; t < tiles; t++)
-            for (int i = 0; i < n; i += F32_GROUP) {
-                int m = n - i < F32_GROUP ? n - i : F32_GROUP;
-                const float *xs[F32_GROUP];
-                float *outs[F32_GROUP];
-                for (int j = 0; j < m; j++) {
-                    xs[j] = xf + (size_t)(i + j) * L->n_in;
-                    outs[j] = y + (size_t)(i + j) * ld + t * TILE;
-                }
-                g(L, t, xs, m, outs);
+        for (int i = 0; i < n; i += F32_GROUP) {
+            int m = n - i < F32_GROUP ? n - i : F32_GROUP;
+            const float *xs[F32_GROUP];
+            float *outs[F32_GROUP];
+            for (int j = 0; j < m; j++) {
+                xs[j] = xf + (size_t)(i + j) * L->n_in;
+                outs[j] = y + (size_t)(i + j) * ld + t * TILE;
             }
+            g(L, t, xs, m, outs);
+        }
         return;
     }
 #if defined(__x86_64__)
     if (isa == SC_AVX512VNNI && n > 1) {
-        #pragma omp parallel for schedule(static) num_threads(nt)
-        for (int t = 0; t < tiles; t++)
-            for (int i = 0; i < n; i += MULTI) {
-                int m = n - i < MULTI ? n - i : MULTI;
-                const int16_t *q[MULTI];
-                const float *dd[MULTI];
-                const int32_t *ss[MULTI];
-                float *o[MULTI];
-                for (int j = 0; j < m; j++) {
-                    q[j] = xq->q + (size_t)(i + j) * L->n_in;
-                    dd[j] = xq->d + (size_t)(i + j) * nbq;
-                    ss[j] = xq->s + (size_t)(i + j) * nbq;
-                    o[j] = y + (size_t)(i + j) * ld + t * TILE;
-                }
-                tiles_avx512vnni(L, t, q, dd, ss, m, o);
+        for (int i = 0; i < n; i += MULTI) {
+            int m = n - i < MULTI ? n - i : MULTI;
+            const int16_t *q[MULTI];
+            const float *dd[MULTI];
+            const int32_t *ss[MULTI];
+            float *o[MULTI];
+            for (int j = 0; j < m; j++) {
+                q[j] = xq->q + (size_t)(i + j) * L->n_in;
+                dd[j] = xq->d + (size_t)(i + j) * nbq;
+                ss[j] = xq->s + (size_t)(i + j) * nbq;
+                o[j] = y + (size_t)(i + j) * ld + t * TILE;
             }
+            tiles_avx512vnni(L, t, q, dd, ss, m, o);
+        }
         return;
     }
 #endif
     tile_fn f = tile_kernel(isa);
-    #pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < tiles; t++)
-        for (int i = 0; i < n; i++)
-            f(L, t, xq->q + (size_t)i * L->n_in, xq->d + (size_t)i * nbq, xq->s + (size_t)i * nbq,
-              y + (size_t)i * ld + t * TILE);
-}
-
-static int chain_rows(const sc_linear *L) {
-    int n = 0;
-    for (; L; L = L->next) n += L->n_out;
-    return n;
+    for (int i = 0; i < n; i++)
+        f(L, t, xq->q + (size_t)i * L->n_in, xq->d + (size_t)i * nbq, xq->s + (size_t)i * nbq,
+          y + (size_t)i * ld + t * TILE);
 }
 
 static int chain_quantized(const sc_linear *L) {
@@ -626,10 +637,26 @@ static int chain_quantized(const sc_linear *L) {
     return 0;
 }
 
-/* y[n, rows of the chain] = x[n, n_in] @ W.T */
+/* y[n, rows of the chain] = x[n, n_in] @ W.T: one parallel loop over the tiles of every segment (of up to 16 at a time) */
+#define MAX_CHAIN 16
 static void matmul(const sc_linear *L, int n, const float *xf, const q16_rows *xq, float *y, int isa, int nt) {
-    int ld = chain_rows(L), off = 0;
-    for (; L; off += L->n_out, L = L->next) matmul_one(L, n, xf, xq, y + off, ld, isa, nt);
+    int ld = 0, off = 0;
+    for (const sc_linear *s = L; s; s = s->next) ld += s->n_out;
+    while (L) {
+        const sc_linear *seg[MAX_CHAIN];
+        int first[MAX_CHAIN + 1], col[MAX_CHAIN], ns = 0;
+        first[0] = 0;
+        for (; L && ns < MAX_CHAIN; L = L->next, ns++) {
+            seg[ns] = L, col[ns] = off, first[ns + 1] = first[ns] + L->n_out / TILE;
+            off += L->n_out;
+        }
+        #pragma omp parallel for schedule(static) num_threads(nt)
+        for (int g = 0; g < first[ns]; g++) {
+            int s = 0;
+            while (g >= first[s + 1]) s++;
+            tile_rows(seg[s], g - first[s], n, xf, xq, y + col[s], ld, isa);
+        }
+    }
 }
 
 static void quantize_rows(const float *x, int n, int n_in, q16_rows *out, int nt) {
