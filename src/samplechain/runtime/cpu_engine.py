@@ -1,11 +1,12 @@
 """The compiled CPU engine: the whole forward step in one C call (``csrc/engine.c``), batch-invariant.
 
-Linears keep their GGUF form (Q4_0/Q4_1 as 4-bit, Q8_0/Q5_0 as 8-bit, other types dequantized) in tiles of 16 output
-rows; activations are quantized per 32-block, as llama.cpp does, but to 16 bits rather than 8, and multiplied in
-integers (exact int32 block sums): the logits stay ~100x closer to the dequantized model than with 8-bit activations,
-at a small cost in prompt speed (decode is bound by reading the weights). Each output
-value is reduced in an order fixed by the model's shapes alone, so a token's logits are bitwise the same whether it
-is decoded alone, in a prompt batch, or beside other sequences.
+Linears keep their GGUF form (4-, 5-, 6- and 8-bit integers with GGUF's own scales for Q4_0/Q4_1/Q4_K, Q5_0/Q5_1/Q5_K,
+Q6_K, Q8_0; F16/BF16 as halves; other types dequantized to float32) in tiles of 16 output rows, packed straight from
+the mapped file's blocks, within ~6% of the file's size; activations are quantized per 32-block, as llama.cpp does,
+but to 16 bits rather than 8, and multiplied in integers (exact int32 block sums): the logits stay ~100x closer to the
+dequantized model than with 8-bit activations, at a small cost in prompt speed (decode is bound by reading the
+weights). Each output value is reduced in an order fixed by the model's shapes alone, so a token's logits are bitwise
+the same whether it is decoded alone, in a prompt batch, or beside other sequences.
 
 The library is compiled with the machine's C compiler into the user's cache directory on first use (``make setup``
 does it at install), with ``-march=native``: it is built for the machine it runs on, never downloaded.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import itertools
 import os
 import platform
 import shutil
@@ -28,10 +30,11 @@ import torch
 
 from samplechain.runtime.kv_cache import KVCache
 from samplechain.runtime.model import Rope, Transformer
-from samplechain.runtime.weights import GROUP, Linear
+from samplechain.runtime.weights import ENGINE_TYPES, GROUP, Linear, Part
 
 TILE = 16
-F32, W4, W8 = 0, 1, 2
+F32, W4, W8, W5, W6, F16, BF16 = 0, 1, 2, 3, 4, 5, 6  # weight kinds
+SF32, SF16, SK = 0, 1, 2  # how an integer kind's scales are kept
 ISAS = {"generic": 0, "avx2": 1, "avx512vnni": 2}
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-fPIC", "-shared"]
 
@@ -131,9 +134,14 @@ def supported_isas() -> list[str]:
 # --- weights in the engine's layouts ------------------------------------------------------------------------------
 
 class CLinear(ctypes.Structure):
-    _fields_ = [("kind", ctypes.c_int32), ("n_out", ctypes.c_int32), ("n_in", ctypes.c_int32),
-                ("pad", ctypes.c_int32), ("q", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p),
-                ("unused", ctypes.c_void_p)]
+    pass
+
+
+CLinear._fields_ = [
+    ("kind", ctypes.c_int32), ("n_out", ctypes.c_int32), ("n_in", ctypes.c_int32), ("pad", ctypes.c_int32),
+    ("q", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p), ("unused", ctypes.c_void_p),
+    ("zero", ctypes.c_int32), ("scales", ctypes.c_int32), ("sd", ctypes.c_void_p), ("sm", ctypes.c_void_p),
+    ("next", ctypes.POINTER(CLinear))]
 
 
 class CLayer(ctypes.Structure):
@@ -156,11 +164,96 @@ def _tiles(a: np.ndarray, n_out: int) -> np.ndarray:
     return a.reshape(n_out // TILE, TILE, *a.shape[1:])
 
 
-def pack_linear(lin: Linear, keep: list[np.ndarray]) -> CLinear:
-    """The engine's form of ``lin`` (arrays appended to ``keep``, which must outlive the struct)."""
+def _per_tile(a: np.ndarray) -> np.ndarray:
+    """per-row groups [rows, groups] -> [tiles, groups, 16]"""
+    return a.reshape(-1, TILE, a.shape[1]).transpose(0, 2, 1)
+
+
+# GGUF type -> (engine kind, zero)
+INT_KINDS = {"Q4_0": (W4, 8), "Q4_1": (W4, 0), "Q4_K": (W4, 0), "Q5_0": (W5, 16), "Q5_1": (W5, 0),
+             "Q5_K": (W5, 0), "Q6_K": (W6, 32), "Q8_0": (W8, 0)}
+CHUNK_ROWS = 256  # rows decoded and packed at a time: the transient copies stay small
+
+
+def pack_values(u: np.ndarray, bits: int) -> np.ndarray:
+    """Stored values [rows, n_in] (uint8; int8 for 8 bits) -> the engine's blocks [tiles, n_in/32, bytes]."""
+    T, nb = u.shape[0] // TILE, u.shape[1] // GROUP
+    if bits == 8:
+        return u.view(np.uint8).reshape(T, TILE, nb, 8, 4).transpose(0, 2, 3, 1, 4).reshape(T, nb, 512)
+    t = u.reshape(T, TILE, nb, 4, 2, 4)  # [tile, r, b, k, e, i]: input 8k + 4e + i
+    nib = (t[..., 0, :] & 15) | ((t[..., 1, :] & 15) << 4)  # [tile, r, b, k, i]
+    out = [nib.transpose(0, 2, 3, 1, 4).reshape(T, nb, 256)]
+    if bits == 5:  # byte 4r + i: bit 4 of input 8k + 4e + i at bit 2k + e
+        shift = (2 * np.arange(4)[:, None] + np.arange(2)[None, :]).astype(np.uint8)[:, :, None]
+        plane = (((t >> 4) & 1) << shift).sum(axis=(3, 4), dtype=np.uint8)  # [tile, r, b, i]
+        out.append(plane.transpose(0, 2, 1, 3).reshape(T, nb, 64))
+    elif bits == 6:  # vector P, byte 4r + i: bits 4-5 of input 8(2P + h) + 4e + i at bits 2(2h + e)
+        t6 = t.reshape(T, TILE, nb, 2, 2, 2, 4)  # [tile, r, b, P, h, e, i]
+        shift = (2 * (2 * np.arange(2)[:, None] + np.arange(2)[None, :])).astype(np.uint8)[:, :, None]
+        plane = ((t6 >> 4) << shift).sum(axis=(4, 5), dtype=np.uint8)  # [tile, r, b, P, i]
+        out.append(plane.transpose(0, 2, 3, 1, 4).reshape(T, nb, 128))
+    return np.concatenate(out, axis=-1) if len(out) > 1 else np.ascontiguousarray(out[0])
+
+
+def _addr(a: np.ndarray | None) -> int | None:
+    return None if a is None else a.ctypes.data
+
+
+def pack_part(part: Part, keep: list) -> CLinear:
+    """One GGUF matrix's rows in the engine's form, decoded and packed CHUNK_ROWS rows at a time."""
+    n_out, n_in, t = part.rows, part.n_in, part.type_name
+    T, nb = n_out // TILE, n_in // GROUP
+    if t in ("F16", "BF16"):
+        data = np.empty((T, n_in, TILE), dtype=np.uint16)
+        w = part.raw.view(np.uint16)
+        for r in range(0, n_out, CHUNK_ROWS):
+            rows = w[r:r + CHUNK_ROWS]
+            data[r // TILE:(r + CHUNK_ROWS) // TILE] = _tiles(rows, len(rows)).transpose(0, 2, 1)
+        keep.append(data)
+        kind = F16 if t == "F16" else BF16
+        return CLinear(kind, n_out, n_in, 0, _addr(data), None, None, None, 0, 0, None, None, None)
+    kind, zero = INT_KINDS[t]
+    first = part.blocks(0, TILE)
+    data = np.empty((T, nb, {W4: 256, W5: 320, W6: 384, W8: 512}[kind]), dtype=np.uint8)
+    k_quant = first.sd is not None
+    if k_quant:
+        d = np.empty((T, first.sc.shape[1], TILE), dtype=first.sc.dtype)  # type: ignore[union-attr]
+        m = None if first.mn is None else np.empty((T, nb, TILE), dtype=np.uint8)
+        sd = np.empty((T, n_in // 256, TILE), dtype=np.float32)
+        sm = None if first.sm is None else np.empty_like(sd)
+    else:
+        d = np.empty((T, nb, TILE), dtype=np.uint16)
+        m = None if first.m16 is None else np.empty_like(d)
+        sd = sm = None
+    for r in range(0, n_out, CHUNK_ROWS):
+        b, s = part.blocks(r, r + CHUNK_ROWS), slice(r // TILE, (r + CHUNK_ROWS) // TILE)
+        data[s] = pack_values(b.u, b.bits)
+        if k_quant:
+            d[s] = _per_tile(b.sc)
+            sd[s] = _per_tile(b.sd)
+            if m is not None:
+                m[s], sm[s] = _per_tile(b.mn), _per_tile(b.sm)
+        else:
+            d[s] = _per_tile(b.d16)
+            if m is not None:
+                m[s] = _per_tile(b.m16)
+    keep.extend(a for a in (data, d, m, sd, sm) if a is not None)
+    return CLinear(kind, n_out, n_in, 0, _addr(data), _addr(d), _addr(m), None, zero, SK if k_quant else SF16,
+                   _addr(sd), _addr(sm), None)
+
+
+def pack_linear(lin: Linear, keep: list) -> CLinear:
+    """The engine's form of ``lin`` (arrays and structs appended to ``keep``, which must outlive the struct): its
+    GGUF parts each in their own form, chained by output rows; else its 4-/8-bit arrays; else float32."""
     n_out, n_in = lin.shape
     if n_out % TILE or n_in % GROUP:
         raise EngineUnavailable(f"a {n_out} x {n_in} matrix does not tile by {TILE} x {GROUP}")
+    if lin.parts is not None and all(p.type_name in ENGINE_TYPES and p.rows % TILE == 0 for p in lin.parts):
+        chain = [pack_part(p, keep) for p in lin.parts]
+        for a, b in itertools.pairwise(chain):
+            a.next = ctypes.pointer(b)
+        keep.extend(chain)
+        return chain[0]
     nb = n_in // GROUP
     d = m = None
     if lin.q4 is not None:
@@ -168,22 +261,22 @@ def pack_linear(lin: Linear, keep: list[np.ndarray]) -> CLinear:
         t = _tiles(q, n_out).reshape(n_out // TILE, TILE, nb, 4, 2, 4)  # [t, r, b, k, low/high, i]
         packed = (t[..., 0, :] | (t[..., 1, :] << 4)).astype(np.uint8).transpose(0, 2, 3, 1, 4)  # [t, b, k, r, i]
         kind, data = W4, np.ascontiguousarray(packed)
-        d = np.ascontiguousarray(_tiles(dd, n_out).transpose(0, 2, 1), dtype=np.float32)
-        m = np.ascontiguousarray(_tiles(mm, n_out).transpose(0, 2, 1), dtype=np.float32)
+        d = np.ascontiguousarray(_per_tile(dd), dtype=np.float32)
+        m = np.ascontiguousarray(_per_tile(mm), dtype=np.float32)
     elif lin.q8 is not None:
         q, dd = lin.q8
-        t = _tiles(q, n_out).reshape(n_out // TILE, TILE, nb, 8, 4)  # [t, r, b, k, i]
-        kind, data = W8, np.ascontiguousarray(t.transpose(0, 2, 3, 1, 4))
-        d = np.ascontiguousarray(_tiles(dd, n_out).transpose(0, 2, 1), dtype=np.float32)
+        kind, data = W8, pack_values(q, 8)
+        d = np.ascontiguousarray(_per_tile(dd), dtype=np.float32)
     else:
         w = lin.dense_weight().detach().cpu().numpy().astype(np.float32, copy=False)
         kind, data = F32, np.ascontiguousarray(_tiles(w, n_out).transpose(0, 2, 1))
     keep.extend(a for a in (data, d, m) if a is not None)
+    return CLinear(kind, n_out, n_in, 0, _addr(data), _addr(d), _addr(m), None, 0, SF32, None, None, None)
 
-    def ptr(a: np.ndarray | None) -> int | None:
-        return None if a is None else a.ctypes.data
 
-    return CLinear(kind, n_out, n_in, 0, ptr(data), ptr(d), ptr(m), None)
+def packed_bytes(keep: list) -> int:
+    """The bytes of the arrays in a ``keep`` list (the engine's weights)."""
+    return sum(a.nbytes for a in keep if isinstance(a, np.ndarray))
 
 
 def _ptr(t: torch.Tensor | None, keep: list) -> int | None:
@@ -262,13 +355,20 @@ class CEngine:
 
     def linear(self, lin: Linear, x: np.ndarray) -> np.ndarray:
         """One linear on float rows [n, in] with this engine's kernels (for tests)."""
-        keep: list = []
-        packed = pack_linear(lin, keep)
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        y = np.empty((x.shape[0], packed.n_out), dtype=np.float32)
-        self._lib.sc_linear_forward(ctypes.byref(packed), x.shape[0], ctypes.c_void_p(x.ctypes.data),
-                                    ctypes.c_void_p(y.ctypes.data), ISAS[self.isa], torch.get_num_threads())
-        return y
+        return linear_forward(lin, x, self.isa)
+
+
+def linear_forward(lin: Linear, x: np.ndarray, isa: str = "generic") -> np.ndarray:
+    """One linear on float rows [n, in], packed now, with kernel variant ``isa`` (for tests and measurements)."""
+    keep: list = []
+    packed = pack_linear(lin, keep)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    y = np.empty((x.shape[0], lin.shape[0]), dtype=np.float32)
+    rc = library().sc_linear_forward(ctypes.byref(packed), x.shape[0], ctypes.c_void_p(x.ctypes.data),
+                                     ctypes.c_void_p(y.ctypes.data), ISAS[isa], torch.get_num_threads())
+    if rc != 0:
+        raise MemoryError("the C engine could not allocate its work buffers")
+    return y
 
 
 if __name__ == "__main__":  # `python -m samplechain.runtime.cpu_engine`: build now (make setup does)

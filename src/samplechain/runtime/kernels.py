@@ -88,8 +88,7 @@ class Trial:
 
 def shape_key(t: Transformer) -> str:
     c = t.config
-    kinds = sorted({"q4" if lin.q4 is not None else "q8" if lin.q8 is not None else "f32"
-                    for layer in t.layers for lin in (layer.qkv, layer.wo, layer.gate_up, layer.down)})
+    kinds = sorted({lin.form for layer in t.layers for lin in (layer.qkv, layer.wo, layer.gate_up, layer.down)})
     return (f"{c.arch} L{c.n_layer} E{c.n_embd} H{c.n_head}/{c.n_head_kv}x{c.head_dim} F{c.n_ff} V{c.n_vocab} "
             f"{'+'.join(kinds)}")
 
@@ -214,7 +213,7 @@ def measure(t: Transformer) -> list[Trial]:
     checked against the dequantized reference. The candidates take turns, one decode step each, so a burst of load
     elsewhere on the machine falls on all of them alike; one that is five times slower than the best after three
     steps stops early."""
-    has_q4 = any(lin.q4 is not None for layer in t.layers for lin in (layer.qkv, layer.gate_up))
+    has_q4 = any(lin.has_q4 for layer in t.layers for lin in (layer.qkv, layer.gate_up))
     table = candidates(t)
     names = [n for n in table if has_q4 or not n.startswith("torch-int4")]
     runs: list[tuple[Trial, _Timing | None]] = []

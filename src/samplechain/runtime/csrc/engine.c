@@ -8,14 +8,23 @@
    - attention sums over KV cells in cell order; norms reduce in 16 fixed lanes then a fixed tree.
    Compiled with -ffp-contract=off (no implicit FMA) and without -ffast-math (no reassociation); FMAs are explicit.
 
-   Weight formats (prepared at load, tiles of 16 output rows, blocks of 32 inputs):
-   - W4: 4-bit q in [0, 15], w = d*q + m (Q4_0, Q4_1 exactly). Per tile and block: 4 vectors of 64 bytes; vector k,
-     lane r holds bytes q[r, 8k+i] | q[r, 8k+4+i] << 4 (i < 4); d, m: float[16] per tile and block.
-   - W8: 8-bit signed q, w = d*q (Q8_0, Q5_0 exactly). Per tile and block: 8 vectors; vector k, lane r holds
-     q[r, 4k+i]; d: float[16].
-   - F32: per tile, float[in][16].
-   Activations for W4/W8 are quantized per 32-block to int16 (d = amax/32767, q = round(x/d)): llama.cpp's scheme
-   with 16-bit instead of 8-bit activations, which keeps the logits ~100x closer to the dequantized model. */
+   Weight formats (prepared at load, tiles of 16 output rows, blocks of 32 inputs; a linear may be a chain of row
+   ranges in different formats, `next`):
+   - integer kinds store unsigned values u per weight, used as q = u - zero (int16); w = d*q (+ m per 32-block):
+     W4 (4-bit: Q4_0 zero 8, Q4_1, Q4_K), W5 (Q5_0 zero 16, Q5_1, Q5_K), W6 (Q6_K, zero 32, a scale per 16
+     inputs), W8 (signed bytes: Q8_0). Per tile and block, W4/W5/W6 start with 4 vectors of 64 bytes: vector k, lane r
+     holds bytes u[r, 8k+i] & 15 | (u[r, 8k+4+i] & 15) << 4 (i < 4); W5 adds 64 bytes whose byte 4r+i holds bit 4
+     of u[r, 8k+4e+i] at bit 2k+e; W6 adds 2 x 64 bytes, vector P byte 4r+i holding bits 4-5 of u[r, 8k+4e+i]
+     (k = 2P+h) at bits 2(2h+e). W8: 8 vectors; vector k, lane r holds q[r, 4k+i].
+     Scales (`scales`): SF32 float d[16] (m[16]) per tile and block; SF16 the same as f16 bits (GGUF's own, exact);
+     SK (k-quants): per tile and 256-block float sd[16] (sm[16]), per tile and block uint8 sc[16] (mn[16]), d = sd*sc,
+     m = sm*mn, both exact in float32 (W6: int8 sc[2][16], one per 16-input half).
+   - F32 / F16 / BF16: per tile, w[in][16] in that type, converted exactly to float on the fly.
+   Activations for the integer kinds are quantized per 32-block to int16 (d = amax/32767, q = round(x/d)): llama.cpp's
+   scheme with 16-bit instead of 8-bit activations, which keeps the logits ~100x closer to the dequantized model.
+   A block's integer sums are exact in int32 (W6: per 16-input half: 16 * 32 * 32767 < 2^24, exact in float too);
+   its float part is, per row: acc = fma(float(isum), d*xd, acc) [W6: then the second half's]; then, with minima,
+   acc = fma(m, xd*sum(q_x), acc). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -28,14 +37,19 @@
 #define QK 32
 #define TILE 16
 
-enum { SC_F32 = 0, SC_W4 = 1, SC_W8 = 2 };
+enum { SC_F32 = 0, SC_W4 = 1, SC_W8 = 2, SC_W5 = 3, SC_W6 = 4, SC_F16 = 5, SC_BF16 = 6 };
+enum { SC_SF32 = 0, SC_SF16 = 1, SC_SK = 2 };  /* how an integer kind's scales are stored */
 enum { SC_GENERIC = 0, SC_AVX2 = 1, SC_AVX512VNNI = 2 };
+#define QK_K 256
 
-typedef struct {
+typedef struct sc_linear {
     int32_t kind, n_out, n_in, pad;
-    const uint8_t *q;     /* W4 / W8 data, or float for F32 */
-    const float *d, *m;   /* per tile/block scales (W4: d, m; W8: d) */
+    const uint8_t *q;     /* packed values (integer kinds), or the float / half matrix */
+    const void *d, *m;    /* per tile and block: SF32 float, SF16 f16 bits, SK uint8 sc / mn (W6: int8 sc[2][16]) */
     const void *unused;
+    int32_t zero, scales; /* q = u - zero; SC_SF32 / SC_SF16 / SC_SK */
+    const float *sd, *sm; /* SK: per tile and 256-block float[16] */
+    const struct sc_linear *next;  /* the following output rows, in their own format (NULL: none) */
 } sc_linear;
 
 typedef struct {
@@ -108,35 +122,110 @@ static void rms_norm(const float *x, const float *w, float *y, int n, float eps)
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
-   quantized weights, one tile (16 output rows) x one token: the three variants give the same bits. A block's integer dot product
-   sum_j q_w[j] * q_x[j] is exact in int32 (|q_w| <= 128, |q_x| <= 32767, 32 terms), whatever the order. */
+   quantized weights, one tile (16 output rows) x one token: the three variants give the same bits. A block's integer
+   dot products are exact in int32 whatever the order; its float operations are the same in every variant. */
+
+static int is_float_kind(int kind) { return kind == SC_F32 || kind == SC_F16 || kind == SC_BF16; }
+
+static size_t block_bytes(int kind) {
+    return kind == SC_W4 ? 256 : kind == SC_W5 ? 320 : kind == SC_W6 ? 384 : 512;
+}
+
+static float f16_to_f32(uint16_t h) { /* exact */
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 31, man = h & 1023, bits;
+    if (e == 0) {
+        float v = ldexpf((float)man, -24);
+        return sign ? -v : v;
+    }
+    bits = sign | (e == 31 ? 0x7f800000u | (man << 13) : ((e + 112) << 23) | (man << 13));
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* a block's scales for its 16 rows: d[h][r] (h: the 16-input half, W6 only), m[r] when L->m */
+static void block_scales(const sc_linear *L, int t, int b, float d[2][TILE], float m[TILE]) {
+    size_t blk = (size_t)t * (L->n_in / QK) + b;
+    if (L->scales == SC_SF32) {
+        for (int r = 0; r < TILE; r++) d[0][r] = ((const float *)L->d)[blk * TILE + r];
+        if (L->m)
+            for (int r = 0; r < TILE; r++) m[r] = ((const float *)L->m)[blk * TILE + r];
+    } else if (L->scales == SC_SF16) {
+        for (int r = 0; r < TILE; r++) d[0][r] = f16_to_f32(((const uint16_t *)L->d)[blk * TILE + r]);
+        if (L->m)
+            for (int r = 0; r < TILE; r++) m[r] = f16_to_f32(((const uint16_t *)L->m)[blk * TILE + r]);
+    } else {
+        size_t sb = ((size_t)t * (L->n_in / QK_K) + b / 8) * TILE;
+        if (L->kind == SC_W6) {
+            const int8_t *sc = (const int8_t *)L->d + blk * 2 * TILE;
+            for (int h = 0; h < 2; h++)
+                for (int r = 0; r < TILE; r++) d[h][r] = L->sd[sb + r] * (float)sc[h * TILE + r];
+        } else {
+            const uint8_t *sc = (const uint8_t *)L->d + blk * TILE;
+            for (int r = 0; r < TILE; r++) d[0][r] = L->sd[sb + r] * (float)sc[r];
+        }
+        if (L->m) {
+            const uint8_t *mn = (const uint8_t *)L->m + blk * TILE;
+            for (int r = 0; r < TILE; r++) m[r] = L->sm[sb + r] * (float)mn[r];
+        }
+    }
+}
+
+/* a block's weights as int16: w[s][r][i] is row r, input 4s + i */
+static void unpack_block(const sc_linear *L, size_t blk, int16_t w[8][TILE][4]) {
+    int z = L->zero;
+    if (L->kind == SC_W8) {
+        const int8_t *p = (const int8_t *)L->q + blk * 512;
+        for (int s = 0; s < 8; s++)
+            for (int r = 0; r < TILE; r++)
+                for (int i = 0; i < 4; i++) w[s][r][i] = (int16_t)(p[64 * s + 4 * r + i] - z);
+        return;
+    }
+    const uint8_t *p = L->q + blk * block_bytes(L->kind);
+    for (int k = 0; k < 4; k++)
+        for (int r = 0; r < TILE; r++)
+            for (int i = 0; i < 4; i++) {
+                int byte = p[64 * k + 4 * r + i], lo = byte & 15, hi = byte >> 4;
+                if (L->kind == SC_W5) {
+                    int hb = p[256 + 4 * r + i];
+                    lo |= ((hb >> (2 * k)) & 1) << 4;
+                    hi |= ((hb >> (2 * k + 1)) & 1) << 4;
+                } else if (L->kind == SC_W6) {
+                    int hb = p[256 + 64 * (k >> 1) + 4 * r + i], sh = 4 * (k & 1);
+                    lo |= ((hb >> sh) & 3) << 4;
+                    hi |= ((hb >> (sh + 2)) & 3) << 4;
+                }
+                w[2 * k][r][i] = (int16_t)(lo - z);
+                w[2 * k + 1][r][i] = (int16_t)(hi - z);
+            }
+}
 
 static void tile_generic(const sc_linear *L, int t, const int16_t *xq, const float *xd, const int32_t *xs,
                          float *out) {
-    int nb = L->n_in / QK;
+    int nb = L->n_in / QK, split = L->kind == SC_W6;
     float acc[TILE] = {0};
     for (int b = 0; b < nb; b++) {
-        size_t blk = (size_t)t * nb + b;
-        const float *d = L->d + blk * TILE;
+        int16_t w[8][TILE][4];
+        unpack_block(L, (size_t)t * nb + b, w);
         const int16_t *x = xq + b * QK;
-        int32_t isum[TILE] = {0};
-        if (L->kind == SC_W4) {
-            const uint8_t *p = L->q + blk * 256;
-            for (int k = 0; k < 4; k++)
-                for (int r = 0; r < TILE; r++)
-                    for (int i = 0; i < 4; i++) {
-                        uint8_t byte = p[64 * k + 4 * r + i];
-                        isum[r] += (byte & 15) * x[8 * k + i] + (byte >> 4) * x[8 * k + 4 + i];
-                    }
-        } else {
-            const int8_t *p = (const int8_t *)L->q + blk * 512;
-            for (int k = 0; k < 8; k++)
-                for (int r = 0; r < TILE; r++)
-                    for (int i = 0; i < 4; i++) isum[r] += p[64 * k + 4 * r + i] * x[4 * k + i];
+        int32_t isum[2][TILE] = {{0}};
+        for (int s = 0; s < 8; s++) {
+            int h = split && s >= 4;
+            for (int r = 0; r < TILE; r++)
+                for (int i = 0; i < 4; i++) isum[h][r] += w[s][r][i] * x[4 * s + i];
         }
-        for (int r = 0; r < TILE; r++) acc[r] = fmaf((float)isum[r], d[r] * xd[b], acc[r]);
-        if (L->kind == SC_W4) {
-            const float *m = L->m + blk * TILE;
+        float d[2][TILE], m[TILE];
+        block_scales(L, t, b, d, m);
+        for (int h = 0; h <= split; h++)
+            for (int r = 0; r < TILE; r++) acc[r] = fmaf((float)isum[h][r], d[h][r] * xd[b], acc[r]);
+        if (L->m) {
             float ms = xd[b] * (float)xs[b];
             for (int r = 0; r < TILE; r++) acc[r] = fmaf(m[r], ms, acc[r]);
         }
@@ -151,28 +240,89 @@ static inline int64_t x4(const int16_t *x) { /* four int16 activations as one 64
     return v;
 }
 
-__attribute__((target("avx2,fma")))
-static void tile_avx2(const sc_linear *L, int t, const int16_t *xq, const float *xd, const int32_t *xs,
-                      float *out) {
-    int nb = L->n_in / QK;
+/* d[h][0..1] (rows 0-7, 8-15), m[0..1] */
+__attribute__((target("avx2,fma,f16c")))
+static inline void scales_avx2(const sc_linear *L, int t, int b, __m256 d[2][2], __m256 m[2]) {
+    size_t blk = (size_t)t * (L->n_in / QK) + b;
+    if (L->scales == SC_SF32) {
+        const float *p = (const float *)L->d + blk * TILE;
+        d[0][0] = _mm256_loadu_ps(p), d[0][1] = _mm256_loadu_ps(p + 8);
+        if (L->m) {
+            p = (const float *)L->m + blk * TILE;
+            m[0] = _mm256_loadu_ps(p), m[1] = _mm256_loadu_ps(p + 8);
+        }
+    } else if (L->scales == SC_SF16) {
+        const uint16_t *p = (const uint16_t *)L->d + blk * TILE;
+        d[0][0] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+        d[0][1] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)));
+        if (L->m) {
+            p = (const uint16_t *)L->m + blk * TILE;
+            m[0] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+            m[1] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)));
+        }
+    } else {
+        size_t sb = ((size_t)t * (L->n_in / QK_K) + b / 8) * TILE;
+        __m256 D0 = _mm256_loadu_ps(L->sd + sb), D1 = _mm256_loadu_ps(L->sd + sb + 8);
+        if (L->kind == SC_W6) {
+            const int8_t *sc = (const int8_t *)L->d + blk * 2 * TILE;
+            for (int h = 0; h < 2; h++) {
+                __m128i v = _mm_loadu_si128((const __m128i *)(sc + h * TILE));
+                d[h][0] = _mm256_mul_ps(D0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)));
+                d[h][1] = _mm256_mul_ps(D1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))));
+            }
+        } else {
+            __m128i v = _mm_loadu_si128((const __m128i *)((const uint8_t *)L->d + blk * TILE));
+            d[0][0] = _mm256_mul_ps(D0, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)));
+            d[0][1] = _mm256_mul_ps(D1, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))));
+        }
+        if (L->m) {
+            __m256 M0 = _mm256_loadu_ps(L->sm + sb), M1 = _mm256_loadu_ps(L->sm + sb + 8);
+            __m128i v = _mm_loadu_si128((const __m128i *)((const uint8_t *)L->m + blk * TILE));
+            m[0] = _mm256_mul_ps(M0, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)));
+            m[1] = _mm256_mul_ps(M1, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))));
+        }
+    }
+}
+
+/* the body for one kind (a constant: each kind gets its own compiled loop) */
+__attribute__((target("avx2,fma,f16c"), always_inline))
+static inline void tile_avx2_kind(const sc_linear *L, int t, const int16_t *xq, const float *xd, const int32_t *xs,
+                                  float *out, const int kind) {
+    int nb = L->n_in / QK, split = kind == SC_W6, zero = L->zero;
+    size_t bb = block_bytes(kind);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    const __m128i lo = _mm_set1_epi8(15);
+    const __m128i lo = _mm_set1_epi8(15), one = _mm_set1_epi8(1), three = _mm_set1_epi8(3);
+    const __m256i z = _mm256_set1_epi16((int16_t)L->zero);
     for (int b = 0; b < nb; b++) {
         size_t blk = (size_t)t * nb + b;
         const int16_t *x = xq + b * QK;
-        /* s[c]: rows 4c..4c+3, each row's sum split over two adjacent int32 lanes */
-        __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
-                        _mm256_setzero_si256()};
-        if (L->kind == SC_W4) {
-            const uint8_t *p = L->q + blk * 256;
+        /* s[h][c]: rows 4c..4c+3 (input half h for W6), each row's sum split over two adjacent int32 lanes */
+        __m256i s[2][4];
+        for (int h = 0; h < 2; h++)
+            for (int c = 0; c < 4; c++) s[h][c] = _mm256_setzero_si256();
+        if (kind != SC_W8) {
+            const uint8_t *p = L->q + blk * bb;
             for (int k = 0; k < 4; k++) {
                 __m256i xl = _mm256_set1_epi64x(x4(x + 8 * k)), xh = _mm256_set1_epi64x(x4(x + 8 * k + 4));
+                int h = kind == SC_W6 ? k >> 1 : 0;
+                __m128i c0 = _mm_cvtsi32_si128(2 * k), c1 = _mm_cvtsi32_si128(2 * k + 1);
+                __m128i c2 = _mm_cvtsi32_si128(4 * (k & 1)), c3 = _mm_cvtsi32_si128(4 * (k & 1) + 2);
                 for (int c = 0; c < 4; c++) {
                     __m128i v = _mm_loadu_si128((const __m128i *)(p + 64 * k + 16 * c));
-                    __m256i wl = _mm256_cvtepu8_epi16(_mm_and_si128(v, lo));
-                    __m256i wh = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), lo));
-                    s[c] = _mm256_add_epi32(s[c], _mm256_add_epi32(_mm256_madd_epi16(wl, xl),
-                                                                   _mm256_madd_epi16(wh, xh)));
+                    __m128i l = _mm_and_si128(v, lo), hh = _mm_and_si128(_mm_srli_epi16(v, 4), lo);
+                    if (kind == SC_W5) {
+                        __m128i hb = _mm_loadu_si128((const __m128i *)(p + 256 + 16 * c));
+                        l = _mm_or_si128(l, _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, c0), one), 4));
+                        hh = _mm_or_si128(hh, _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, c1), one), 4));
+                    } else if (kind == SC_W6) {
+                        __m128i hb = _mm_loadu_si128((const __m128i *)(p + 256 + 64 * (k >> 1) + 16 * c));
+                        l = _mm_or_si128(l, _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, c2), three), 4));
+                        hh = _mm_or_si128(hh, _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, c3), three), 4));
+                    }
+                    __m256i wl = _mm256_cvtepu8_epi16(l), wh = _mm256_cvtepu8_epi16(hh);
+                    if (zero) wl = _mm256_sub_epi16(wl, z), wh = _mm256_sub_epi16(wh, z);
+                    s[h][c] = _mm256_add_epi32(s[h][c], _mm256_add_epi32(_mm256_madd_epi16(wl, xl),
+                                                                         _mm256_madd_epi16(wh, xh)));
                 }
             }
         } else {
@@ -181,120 +331,150 @@ static void tile_avx2(const sc_linear *L, int t, const int16_t *xq, const float 
                 __m256i xb = _mm256_set1_epi64x(x4(x + 4 * k));
                 for (int c = 0; c < 4; c++) {
                     __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 64 * k + 16 * c)));
-                    s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(w, xb));
+                    if (zero) w = _mm256_sub_epi16(w, z);
+                    s[0][c] = _mm256_add_epi32(s[0][c], _mm256_madd_epi16(w, xb));
                 }
             }
         }
-        __m256i s0 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s[0], s[1]), 0xD8);
-        __m256i s1 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s[2], s[3]), 0xD8);
+        __m256 d[2][2], m[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        scales_avx2(L, t, b, d, m);
         __m256 dx = _mm256_set1_ps(xd[b]);
-        const float *d = L->d + blk * TILE;
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(_mm256_loadu_ps(d), dx), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(_mm256_loadu_ps(d + 8), dx), acc1);
-        if (L->kind == SC_W4) {
-            const float *m = L->m + blk * TILE;
+        for (int h = 0; h <= split; h++) {
+            __m256i s0 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s[h][0], s[h][1]), 0xD8);
+            __m256i s1 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s[h][2], s[h][3]), 0xD8);
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(d[h][0], dx), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(d[h][1], dx), acc1);
+        }
+        if (L->m) {
             __m256 ms = _mm256_set1_ps(xd[b] * (float)xs[b]);
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(m), ms, acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(m + 8), ms, acc1);
+            acc0 = _mm256_fmadd_ps(m[0], ms, acc0);
+            acc1 = _mm256_fmadd_ps(m[1], ms, acc1);
         }
     }
     _mm256_storeu_ps(out, acc0);
     _mm256_storeu_ps(out + 8, acc1);
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
-static void tile_avx512vnni(const sc_linear *L, int t, const int16_t *xq, const float *xd, const int32_t *xs,
-                            float *out) {
-    int nb = L->n_in / QK;
-    __m512 acc = _mm512_setzero_ps();
-    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-    const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-    const __m256i lo = _mm256_set1_epi8(15);
-    for (int b = 0; b < nb; b++) {
-        size_t blk = (size_t)t * nb + b;
-        const int16_t *x = xq + b * QK;
-        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();  /* rows 0-7, 8-15 (lane pairs) */
-        if (L->kind == SC_W4) {
-            const uint8_t *p = L->q + blk * 256;
-            for (int k = 0; k < 4; k++) {
-                __m512i xl = _mm512_set1_epi64(x4(x + 8 * k)), xh = _mm512_set1_epi64(x4(x + 8 * k + 4));
-                __m256i v0 = _mm256_loadu_si256((const __m256i *)(p + 64 * k));
-                __m256i v1 = _mm256_loadu_si256((const __m256i *)(p + 64 * k + 32));
-                s0 = _mm512_dpwssd_epi32(s0, _mm512_cvtepu8_epi16(_mm256_and_si256(v0, lo)), xl);
-                s0 = _mm512_dpwssd_epi32(s0, _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(v0, 4), lo)), xh);
-                s1 = _mm512_dpwssd_epi32(s1, _mm512_cvtepu8_epi16(_mm256_and_si256(v1, lo)), xl);
-                s1 = _mm512_dpwssd_epi32(s1, _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(v1, 4), lo)), xh);
-            }
-        } else {
-            const uint8_t *p = L->q + blk * 512;
-            for (int k = 0; k < 8; k++) {
-                __m512i xb = _mm512_set1_epi64(x4(x + 4 * k));
-                s0 = _mm512_dpwssd_epi32(s0, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p + 64 * k))), xb);
-                s1 = _mm512_dpwssd_epi32(s1, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p + 64 * k + 32))), xb);
-            }
-        }
-        __m512i s = _mm512_add_epi32(_mm512_permutex2var_epi32(s0, even, s1), _mm512_permutex2var_epi32(s0, odd, s1));
-        const float *d = L->d + blk * TILE;
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_loadu_ps(d), _mm512_set1_ps(xd[b])), acc);
-        if (L->kind == SC_W4)
-            acc = _mm512_fmadd_ps(_mm512_loadu_ps(L->m + blk * TILE), _mm512_set1_ps(xd[b] * (float)xs[b]), acc);
+__attribute__((target("avx2,fma,f16c")))
+static void tile_avx2(const sc_linear *L, int t, const int16_t *xq, const float *xd, const int32_t *xs,
+                      float *out) {
+    switch (L->kind) {
+    case SC_W4: tile_avx2_kind(L, t, xq, xd, xs, out, SC_W4); break;
+    case SC_W5: tile_avx2_kind(L, t, xq, xd, xs, out, SC_W5); break;
+    case SC_W6: tile_avx2_kind(L, t, xq, xd, xs, out, SC_W6); break;
+    default: tile_avx2_kind(L, t, xq, xd, xs, out, SC_W8); break;
     }
-    _mm512_storeu_ps(out, acc);
 }
 
-/* The same as tile_avx512vnni for up to 4 tokens at once: a block's weights are widened to int16 once and used by
-   every token. Each token's sums and float operations are exactly those of the one-token kernel. */
-#define MULTI 4
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
-static void tiles_avx512vnni(const sc_linear *L, int t, const int16_t *const *xq, const float *const *xd,
-                             const int32_t *const *xs, int m, float *const *out) {
-    int nb = L->n_in / QK;
+static inline void scales_avx512(const sc_linear *L, int t, int b, __m512 d[2], __m512 *m) {
+    size_t blk = (size_t)t * (L->n_in / QK) + b;
+    if (L->scales == SC_SF32) {
+        d[0] = _mm512_loadu_ps((const float *)L->d + blk * TILE);
+        if (L->m) *m = _mm512_loadu_ps((const float *)L->m + blk * TILE);
+    } else if (L->scales == SC_SF16) {
+        d[0] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)L->d + blk * TILE)));
+        if (L->m) *m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)L->m + blk * TILE)));
+    } else {
+        size_t sb = ((size_t)t * (L->n_in / QK_K) + b / 8) * TILE;
+        __m512 D = _mm512_loadu_ps(L->sd + sb);
+        if (L->kind == SC_W6) {
+            const int8_t *sc = (const int8_t *)L->d + blk * 2 * TILE;
+            for (int h = 0; h < 2; h++)
+                d[h] = _mm512_mul_ps(D, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                            _mm_loadu_si128((const __m128i *)(sc + h * TILE)))));
+        } else {
+            d[0] = _mm512_mul_ps(D, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                        _mm_loadu_si128((const __m128i *)((const uint8_t *)L->d + blk * TILE)))));
+        }
+        if (L->m)
+            *m = _mm512_mul_ps(_mm512_loadu_ps(L->sm + sb), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                   _mm_loadu_si128((const __m128i *)((const uint8_t *)L->m + blk * TILE)))));
+    }
+}
+
+/* Up to 4 tokens at once (one token: m = 1): a block's weights are widened to int16 once and used by every token.
+   Each token's sums and float operations are exactly those of tile_generic. */
+#define MULTI 4
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma"), always_inline))
+static inline void tiles_avx512vnni_kind(const sc_linear *L, int t, const int16_t *const *xq, const float *const *xd,
+                                         const int32_t *const *xs, int m, float *const *out, const int kind) {
+    int nb = L->n_in / QK, split = kind == SC_W6;
+    size_t bb = block_bytes(kind);
     const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
     const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-    const __m256i lo = _mm256_set1_epi8(15);
+    const __m256i lo = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1), three = _mm256_set1_epi8(3);
+    const __m512i z = _mm512_set1_epi16((int16_t)L->zero);
     __m512 acc[MULTI];
     for (int j = 0; j < MULTI; j++) acc[j] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         size_t blk = (size_t)t * nb + b;
-        __m512i w[16];  /* w[2k + h] rows 0-7 (h = 0) / 8-15 (h = 1) of the block's step k, int16 pairs per lane */
-        int steps;
-        if (L->kind == SC_W4) {
-            const uint8_t *p = L->q + blk * 256;
-            for (int k = 0; k < 4; k++)
+        __m512i w[16];  /* w[2s + h]: rows 0-7 (h = 0) / 8-15 (h = 1) of step s (inputs 4s..4s+3), int16 pairs */
+        if (kind != SC_W8) {
+            const uint8_t *p = L->q + blk * bb;
+            for (int k = 0; k < 4; k++) {
+                __m128i c0 = _mm_cvtsi32_si128(2 * k), c1 = _mm_cvtsi32_si128(2 * k + 1);
+                __m128i c2 = _mm_cvtsi32_si128(4 * (k & 1)), c3 = _mm_cvtsi32_si128(4 * (k & 1) + 2);
                 for (int h = 0; h < 2; h++) {
                     __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * k + 32 * h));
-                    w[4 * k + h] = _mm512_cvtepu8_epi16(_mm256_and_si256(v, lo));
-                    w[4 * k + 2 + h] = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo));
+                    __m256i l = _mm256_and_si256(v, lo), hh = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
+                    if (kind == SC_W5) {
+                        __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 256 + 32 * h));
+                        l = _mm256_or_si256(l, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, c0), one), 4));
+                        hh = _mm256_or_si256(hh, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, c1), one), 4));
+                    } else if (kind == SC_W6) {
+                        __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 256 + 64 * (k >> 1) + 32 * h));
+                        l = _mm256_or_si256(l, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, c2), three), 4));
+                        hh = _mm256_or_si256(hh, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, c3), three), 4));
+                    }
+                    w[4 * k + h] = _mm512_sub_epi16(_mm512_cvtepu8_epi16(l), z);
+                    w[4 * k + 2 + h] = _mm512_sub_epi16(_mm512_cvtepu8_epi16(hh), z);
                 }
-            steps = 8;  /* x offsets 8k (low nibbles) and 8k + 4 (high nibbles) */
+            }
         } else {
             const uint8_t *p = L->q + blk * 512;
             for (int k = 0; k < 8; k++)
                 for (int h = 0; h < 2; h++)
-                    w[2 * k + h] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p + 64 * k + 32 * h)));
-            steps = 8;  /* x offsets 4k */
+                    w[2 * k + h] = _mm512_sub_epi16(
+                        _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p + 64 * k + 32 * h))), z);
         }
-        const float *d = L->d + blk * TILE;
-        __m512 dv = _mm512_loadu_ps(d);
+        __m512 dv[2], mv = _mm512_setzero_ps();
+        scales_avx512(L, t, b, dv, &mv);
         for (int j = 0; j < m; j++) {
             const int16_t *x = xq[j] + b * QK;
-            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-            for (int k = 0; k < steps; k++) {
-                /* W4: step k = 2k' + e covers x[8k' + 4e ..]; W8: step k covers x[4k ..]: both are x + 4k */
-                __m512i xb = _mm512_set1_epi64(x4(x + 4 * k));
-                int wi = L->kind == SC_W4 ? 4 * (k >> 1) + 2 * (k & 1) : 2 * k;
-                s0 = _mm512_dpwssd_epi32(s0, w[wi], xb);
-                s1 = _mm512_dpwssd_epi32(s1, w[wi + 1], xb);
+            __m512 dx = _mm512_set1_ps(xd[j][b]);
+            for (int h = 0; h <= split; h++) {
+                __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+                for (int s = split ? 4 * h : 0; s < (split ? 4 * h + 4 : 8); s++) {
+                    __m512i xb = _mm512_set1_epi64(x4(x + 4 * s));
+                    s0 = _mm512_dpwssd_epi32(s0, w[2 * s], xb);
+                    s1 = _mm512_dpwssd_epi32(s1, w[2 * s + 1], xb);
+                }
+                __m512i sum = _mm512_add_epi32(_mm512_permutex2var_epi32(s0, even, s1),
+                                               _mm512_permutex2var_epi32(s0, odd, s1));
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dv[h], dx), acc[j]);
             }
-            __m512i sum = _mm512_add_epi32(_mm512_permutex2var_epi32(s0, even, s1),
-                                           _mm512_permutex2var_epi32(s0, odd, s1));
-            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dv, _mm512_set1_ps(xd[j][b])), acc[j]);
-            if (L->kind == SC_W4)
-                acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(L->m + blk * TILE),
-                                         _mm512_set1_ps(xd[j][b] * (float)xs[j][b]), acc[j]);
+            if (L->m) acc[j] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xd[j][b] * (float)xs[j][b]), acc[j]);
         }
     }
     for (int j = 0; j < m; j++) _mm512_storeu_ps(out[j], acc[j]);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
+static void tiles_avx512vnni(const sc_linear *L, int t, const int16_t *const *xq, const float *const *xd,
+                             const int32_t *const *xs, int m, float *const *out) {
+    switch (L->kind) {
+    case SC_W4: tiles_avx512vnni_kind(L, t, xq, xd, xs, m, out, SC_W4); break;
+    case SC_W5: tiles_avx512vnni_kind(L, t, xq, xd, xs, m, out, SC_W5); break;
+    case SC_W6: tiles_avx512vnni_kind(L, t, xq, xd, xs, m, out, SC_W6); break;
+    default: tiles_avx512vnni_kind(L, t, xq, xd, xs, m, out, SC_W8); break;
+    }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
+static void tile_avx512vnni(const sc_linear *L, int t, const int16_t *xq, const float *xd, const int32_t *xs,
+                            float *out) {
+    tiles_avx512vnni(L, t, &xq, &xd, &xs, 1, &out);
 }
 #endif
 
@@ -315,33 +495,55 @@ int sc_isa_supported(int isa) {
     if (isa == SC_AVX512VNNI)
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma");
-    if (isa == SC_AVX2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (isa == SC_AVX2)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #endif
     return isa == SC_GENERIC;
 }
 
-/* y[n, n_out] = x[n, n_in] @ W.T; x given as float (F32) or quantized rows */
-/* Float weights, up to 4 tokens at once: each token keeps its own accumulators and its own order over the inputs
-   (the same as alone); interleaving only hides the FMA latency of one token's chain. */
+/* Float weights (F32, F16, BF16 converted exactly), up to 4 tokens at once: each token keeps its own accumulators
+   and its own order over the inputs (the same as alone); interleaving only hides the FMA latency of one token's
+   chain. */
 #define F32_GROUP 4
 
 static void f32_generic(const sc_linear *L, int t, const float *const *xs, int m, float *const *outs) {
-    const float *w = (const float *)L->q + (size_t)t * L->n_in * TILE;
+    size_t base = (size_t)t * L->n_in * TILE;
+    const float *wf = (const float *)L->q + base;
+    const uint16_t *wh = (const uint16_t *)L->q + base;
     float acc[F32_GROUP][TILE] = {{0}};
-    for (int k = 0; k < L->n_in; k++)
+    for (int k = 0; k < L->n_in; k++) {
+        float w[TILE];
+        for (int r = 0; r < TILE; r++)
+            w[r] = L->kind == SC_F32 ? wf[k * TILE + r] : L->kind == SC_F16 ? f16_to_f32(wh[k * TILE + r])
+                                                                           : bf16_to_f32(wh[k * TILE + r]);
         for (int j = 0; j < m; j++)
-            for (int r = 0; r < TILE; r++) acc[j][r] = fmaf(w[k * TILE + r], xs[j][k], acc[j][r]);
+            for (int r = 0; r < TILE; r++) acc[j][r] = fmaf(w[r], xs[j][k], acc[j][r]);
+    }
     for (int j = 0; j < m; j++) memcpy(outs[j], acc[j], sizeof acc[j]);
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2,fma")))
+__attribute__((target("avx2,fma,f16c")))
 static void f32_avx2(const sc_linear *L, int t, const float *const *xs, int m, float *const *outs) {
-    const float *w = (const float *)L->q + (size_t)t * L->n_in * TILE;
+    size_t base = (size_t)t * L->n_in * TILE;
+    const float *wf = (const float *)L->q + base;
+    const uint16_t *wh = (const uint16_t *)L->q + base;
+    int kind = L->kind;
     __m256 a[F32_GROUP][2];
     for (int j = 0; j < F32_GROUP; j++) a[j][0] = a[j][1] = _mm256_setzero_ps();
     for (int k = 0; k < L->n_in; k++) {
-        __m256 w0 = _mm256_loadu_ps(w + k * TILE), w1 = _mm256_loadu_ps(w + k * TILE + 8);
+        __m256 w0, w1;
+        if (kind == SC_F32) {
+            w0 = _mm256_loadu_ps(wf + k * TILE), w1 = _mm256_loadu_ps(wf + k * TILE + 8);
+        } else if (kind == SC_F16) {
+            w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wh + k * TILE)));
+            w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wh + k * TILE + 8)));
+        } else {
+            w0 = _mm256_castsi256_ps(_mm256_slli_epi32(
+                _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(wh + k * TILE))), 16));
+            w1 = _mm256_castsi256_ps(_mm256_slli_epi32(
+                _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(wh + k * TILE + 8))), 16));
+        }
         for (int j = 0; j < m; j++) {
             __m256 xb = _mm256_set1_ps(xs[j][k]);
             a[j][0] = _mm256_fmadd_ps(w0, xb, a[j][0]);
@@ -356,11 +558,21 @@ static void f32_avx2(const sc_linear *L, int t, const float *const *xs, int m, f
 
 __attribute__((target("avx512f,fma")))
 static void f32_avx512(const sc_linear *L, int t, const float *const *xs, int m, float *const *outs) {
-    const float *w = (const float *)L->q + (size_t)t * L->n_in * TILE;
+    size_t base = (size_t)t * L->n_in * TILE;
+    const float *wf = (const float *)L->q + base;
+    const uint16_t *wh = (const uint16_t *)L->q + base;
+    int kind = L->kind;
     __m512 a[F32_GROUP];
     for (int j = 0; j < F32_GROUP; j++) a[j] = _mm512_setzero_ps();
     for (int k = 0; k < L->n_in; k++) {
-        __m512 wv = _mm512_loadu_ps(w + k * TILE);
+        __m512 wv;
+        if (kind == SC_F32)
+            wv = _mm512_loadu_ps(wf + k * TILE);
+        else if (kind == SC_F16)
+            wv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wh + k * TILE)));
+        else
+            wv = _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(wh + k * TILE))), 16));
         for (int j = 0; j < m; j++) a[j] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xs[j][k]), a[j]);
     }
     for (int j = 0; j < m; j++) _mm512_storeu_ps(outs[j], a[j]);
@@ -378,52 +590,75 @@ static f32_fn f32_kernel(int isa) {
     return f32_generic;
 }
 
-/* y[n, n_out] = x[n, n_in] @ W.T; x given as float (F32) or quantized rows */
-static void matmul(const sc_linear *L, int n, const float *xf, const q16_rows *xq, float *y, int isa, int nt) {
-    int tiles = L->n_out / TILE, nbq = L->n_in / QK;
-    if (L->kind == SC_F32) {
+/* one tile of one segment of a chain for n tokens: y[n, ld] (the segment's own columns) = x[n, n_in] @ W.T, x as float
+   or quantized rows */
+static void tile_rows(const sc_linear *L, int t, int n, const float *xf, const q16_rows *xq, float *y, int ld, int isa) {
+    int nbq = L->n_in / QK;
+    if (is_float_kind(L->kind)) {
         f32_fn g = f32_kernel(isa);
-        #pragma omp parallel for schedule(static) num_threads(nt)
-        for (int t = 0; t < tiles; t++)
-            for (int i = 0; i < n; i += F32_GROUP) {
-                int m = n - i < F32_GROUP ? n - i : F32_GROUP;
-                const float *xs[F32_GROUP];
-                float *outs[F32_GROUP];
-                for (int j = 0; j < m; j++) {
-                    xs[j] = xf + (size_t)(i + j) * L->n_in;
-                    outs[j] = y + (size_t)(i + j) * L->n_out + t * TILE;
-                }
-                g(L, t, xs, m, outs);
+        for (int i = 0; i < n; i += F32_GROUP) {
+            int m = n - i < F32_GROUP ? n - i : F32_GROUP;
+            const float *xs[F32_GROUP];
+            float *outs[F32_GROUP];
+            for (int j = 0; j < m; j++) {
+                xs[j] = xf + (size_t)(i + j) * L->n_in;
+                outs[j] = y + (size_t)(i + j) * ld + t * TILE;
             }
+            g(L, t, xs, m, outs);
+        }
         return;
     }
 #if defined(__x86_64__)
     if (isa == SC_AVX512VNNI && n > 1) {
-        #pragma omp parallel for schedule(static) num_threads(nt)
-        for (int t = 0; t < tiles; t++)
-            for (int i = 0; i < n; i += MULTI) {
-                int m = n - i < MULTI ? n - i : MULTI;
-                const int16_t *q[MULTI];
-                const float *dd[MULTI];
-                const int32_t *ss[MULTI];
-                float *o[MULTI];
-                for (int j = 0; j < m; j++) {
-                    q[j] = xq->q + (size_t)(i + j) * L->n_in;
-                    dd[j] = xq->d + (size_t)(i + j) * nbq;
-                    ss[j] = xq->s + (size_t)(i + j) * nbq;
-                    o[j] = y + (size_t)(i + j) * L->n_out + t * TILE;
-                }
-                tiles_avx512vnni(L, t, q, dd, ss, m, o);
+        for (int i = 0; i < n; i += MULTI) {
+            int m = n - i < MULTI ? n - i : MULTI;
+            const int16_t *q[MULTI];
+            const float *dd[MULTI];
+            const int32_t *ss[MULTI];
+            float *o[MULTI];
+            for (int j = 0; j < m; j++) {
+                q[j] = xq->q + (size_t)(i + j) * L->n_in;
+                dd[j] = xq->d + (size_t)(i + j) * nbq;
+                ss[j] = xq->s + (size_t)(i + j) * nbq;
+                o[j] = y + (size_t)(i + j) * ld + t * TILE;
             }
+            tiles_avx512vnni(L, t, q, dd, ss, m, o);
+        }
         return;
     }
 #endif
     tile_fn f = tile_kernel(isa);
-    #pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < tiles; t++)
-        for (int i = 0; i < n; i++)
-            f(L, t, xq->q + (size_t)i * L->n_in, xq->d + (size_t)i * nbq, xq->s + (size_t)i * nbq,
-              y + (size_t)i * L->n_out + t * TILE);
+    for (int i = 0; i < n; i++)
+        f(L, t, xq->q + (size_t)i * L->n_in, xq->d + (size_t)i * nbq, xq->s + (size_t)i * nbq,
+          y + (size_t)i * ld + t * TILE);
+}
+
+static int chain_quantized(const sc_linear *L) {
+    for (; L; L = L->next)
+        if (!is_float_kind(L->kind)) return 1;
+    return 0;
+}
+
+/* y[n, rows of the chain] = x[n, n_in] @ W.T: one parallel loop over the tiles of every segment (of up to 16 at a time) */
+#define MAX_CHAIN 16
+static void matmul(const sc_linear *L, int n, const float *xf, const q16_rows *xq, float *y, int isa, int nt) {
+    int ld = 0, off = 0;
+    for (const sc_linear *s = L; s; s = s->next) ld += s->n_out;
+    while (L) {
+        const sc_linear *seg[MAX_CHAIN];
+        int first[MAX_CHAIN + 1], col[MAX_CHAIN], ns = 0;
+        first[0] = 0;
+        for (; L && ns < MAX_CHAIN; L = L->next, ns++) {
+            seg[ns] = L, col[ns] = off, first[ns + 1] = first[ns] + L->n_out / TILE;
+            off += L->n_out;
+        }
+        #pragma omp parallel for schedule(static) num_threads(nt)
+        for (int g = 0; g < first[ns]; g++) {
+            int s = 0;
+            while (g >= first[s + 1]) s++;
+            tile_rows(seg[s], g - first[s], n, xf, xq, y + col[s], ld, isa);
+        }
+    }
 }
 
 static void quantize_rows(const float *x, int n, int n_in, q16_rows *out, int nt) {
@@ -434,16 +669,16 @@ static void quantize_rows(const float *x, int n, int n_in, q16_rows *out, int nt
                      out->s + (size_t)i * (n_in / QK));
 }
 
-/* y = L(x), quantizing x first when the weights are quantized */
+/* y = L(x), quantizing x first when some of the weights are integers */
 static void linear(const sc_linear *L, int n, const float *x, q16_rows *scratch, float *y, int isa, int nt) {
-    if (L->kind != SC_F32) quantize_rows(x, n, L->n_in, scratch, nt);
+    if (chain_quantized(L)) quantize_rows(x, n, L->n_in, scratch, nt);
     matmul(L, n, x, scratch, y, isa, nt);
 }
 
 /* exposed for tests and kernel timing: one linear on float rows */
 int sc_linear_forward(const sc_linear *L, int n, const float *x, float *y, int isa, int nt) {
     q16_rows q = {0};
-    if (L->kind != SC_F32) {
+    if (chain_quantized(L)) {
         q.q = malloc(sizeof(int16_t) * (size_t)n * L->n_in);
         q.d = malloc(sizeof(float) * (size_t)n * (L->n_in / QK));
         q.s = malloc(sizeof(int32_t) * (size_t)n * (L->n_in / QK));
