@@ -35,6 +35,20 @@ GGML_TYPES = {
 }
 
 
+def _learn_type(type_id: int) -> bool:
+    """Add a ggml type the table above does not list (IQ and other rarer quantizations) from the `gguf` package,
+    which can dequantize it; False when it does not know the type either."""
+    try:
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        kind = GGMLQuantizationType(type_id)
+        block, size = GGML_QUANT_SIZES[kind]
+    except (ImportError, ValueError, KeyError):
+        return False
+    GGML_TYPES[type_id] = (kind.name, block, size)
+    return True
+
+
 class GGUFError(ValueError):
     """The file is not a GGUF file this runtime can read (truncated, corrupt, unsupported)."""
 
@@ -185,7 +199,7 @@ class GGUFFile:
         self.data_offset = -(-cur.pos // align) * align
         self.tensors: dict[str, TensorInfo] = {}
         for name, shape, type_id, offset in infos:
-            if type_id not in GGML_TYPES:
+            if type_id not in GGML_TYPES and not _learn_type(type_id):
                 raise GGUFError(f"{self.path}: tensor {name} has unsupported ggml type {type_id}")
             info = TensorInfo(name, shape, type_id, self.data_offset + offset)
             if info.n_elements % GGML_TYPES[type_id][1]:

@@ -70,3 +70,42 @@ def test_bad_files_are_rejected(tmp_path, smol_path):
         GGUFFile(tmp_path / "missing.gguf")
     with pytest.raises(GGUFError, match="no tensor named"):
         GGUFFile(smol_path).raw("nope")
+
+
+def test_types_without_a_kernel_are_dequantized_with_a_notice(tmp_path, capsys):
+    """A Q3_K and an IQ4_NL matrix (types our table does not list load through the gguf package): dequantized
+    exactly as gguf-py does, one notice per type."""
+    import gguf
+    from gguf.quants import dequantize
+
+    from samplechain.gguf import GGUFFile
+    from samplechain.runtime.weights import WeightLoader
+
+    rng = np.random.default_rng(7)
+    path = tmp_path / "odd.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    raws = {}
+    for name, qtype in (("a.weight", gguf.GGMLQuantizationType.Q3_K), ("b.weight", gguf.GGMLQuantizationType.Q3_K),
+                        ("c.weight", gguf.GGMLQuantizationType.IQ4_NL)):
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        raw = rng.integers(0, 256, (16, 256 // block * size), dtype=np.uint8)
+        blocks = raw.reshape(16, -1, size)
+        blocks[..., -2:] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)  # Q3_K's d: the block's last 2 bytes
+        if qtype == gguf.GGMLQuantizationType.IQ4_NL:
+            blocks[..., :2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)  # IQ4_NL's d comes first
+        raws[name] = (raw, qtype)
+        w.add_tensor(name, raw, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    g = GGUFFile(path)
+    assert [g.info(n).type_name for n in raws] == ["Q3_K", "Q3_K", "IQ4_NL"]
+    loader = WeightLoader(g)
+    for name, (raw, qtype) in raws.items():
+        lin = loader.linear(name)
+        np.testing.assert_array_equal(lin.dense_weight().numpy(), dequantize(raw, qtype).reshape(16, 256))
+    notices = capsys.readouterr().err.splitlines()
+    assert notices == ["notice: odd.gguf: Q3_K weights have no kernel of their own here; dequantized to float32 at load",
+                       "notice: odd.gguf: IQ4_NL weights have no kernel of their own here; dequantized to float32 at "
+                       "load"]

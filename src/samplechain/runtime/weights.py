@@ -13,6 +13,8 @@ torch function: torch is pinned, and ``Linear.dense()`` keeps the dequantized pa
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -353,6 +355,7 @@ class WeightLoader:
         self.gguf = gguf
         self.device = device or torch.device("cpu")
         self.quantized = int4 and self.device.type == "cpu"
+        self._noticed: set[str] = set()  # types already announced as dequantized
 
     def has(self, name: str) -> bool:
         return name in self.gguf.tensors
@@ -370,6 +373,10 @@ class WeightLoader:
             raw = raw if raw.dtype == np.uint8 else raw.view(np.uint8)  # F16: its bytes
             return Linear(parts=[Part(kind, raw if rows is None else raw[rows], int(info.shape[1]))],
                           int4_dtype=torch.float32 if kind in INT4_TYPES else None)
+        if self.quantized and kind not in ENGINE_TYPES and kind != "F32" and kind not in self._noticed:
+            self._noticed.add(kind)
+            print(f"notice: {os.path.basename(self.gguf.path)}: {kind} weights have no kernel of their own here; "
+                  "dequantized to float32 at load", file=sys.stderr)
         w = self.tensor(name)
         return Linear(w if rows is None else w[torch.from_numpy(rows)].contiguous())
 
