@@ -748,5 +748,6 @@ def test_builtin_for_a_vocabulary_without_template(special, name):
 def test_llama3_vocab_without_template_gets_llama3(vocabs):
     v = vocabs["llama-bpe"]
     assert not v.chat_template and builtin_template_name(v) == "llama3"
-    assert apply_template(v, "Hi") == ("<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+    assert v.add_bos  # llama.cpp's default for a llama-bpe vocabulary: the built-in's text follows the BOS
+    assert apply_template(v, "Hi") == ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
                                        "<|start_header_id|>assistant<|end_header_id|>\n\n")
