@@ -9,7 +9,8 @@ choices). Random weights cost the same time as trained ones. The files are built
 Fairness: each side runs in its own fresh process (so peak RSS is its own), 2 threads, the same prompt tokens
 (``--prompt-tokens`` random ids, one batch) and the same decode rule (``--n`` tokens, EOS ignored, llama.cpp's default
 sampler chain through each side's own sampler, seed 1234); times are medians of ``--repeats``. Peak RSS is measured
-after loading and after the run (``ru_maxrss``), next to the file size and the KV cache each side allocates.
+after loading and after the run (``ru_maxrss``), next to the file size and the KV cache each side allocates; the
+process's RSS before loading (Python, and for us torch) is reported and taken off for the model's own share.
 Run: ``python -m benchmarks.bench_models`` (needs the bench extra: llama-cpp-python).
 """
 
@@ -67,6 +68,7 @@ def build(name: str) -> Path:
 
 
 def _rss_mib() -> float:
+    """The process's peak resident memory so far."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -76,6 +78,7 @@ def run_ours(path: str, tokens: list[int], n: int, repeats: int) -> dict:
     from samplechain import SamplingParams
     from samplechain.runtime import load_model
 
+    rss_base = _rss_mib()  # the interpreter with torch imported, before the model
     start = time.perf_counter()
     model = load_model(path, n_threads=2)
     load_s = time.perf_counter() - start
@@ -89,13 +92,15 @@ def run_ours(path: str, tokens: list[int], n: int, repeats: int) -> dict:
         t0 = time.perf_counter()
         ctx.decode(tokens)
         pp.append(len(tokens) / (time.perf_counter() - t0))
-        for _ in model.generate(tokens[:8], params, n_predict=n):
+        ctx.clear()  # generate's own context replaces this one's cells, not its memory
+        for _ in model.generate(tokens[:8], params, n_predict=n, n_ctx=N_CTX):
             pass
         t = model.timings
         tg.append(1e3 * t.n_eval / t.eval_ms)
     del torch
     return {"load_s": load_s, "rss_load_mib": rss_load, "rss_peak_mib": _rss_mib(), "kv_mib": kv_mib,
-            "prompt": statistics.median(pp), "decode": statistics.median(tg), "kernel": model.transformer.kernel}
+            "rss_base_mib": rss_base, "prompt": statistics.median(pp), "decode": statistics.median(tg),
+            "kernel": model.transformer.kernel}
 
 
 def run_llama(path: str, tokens: list[int], n: int, repeats: int) -> dict:
@@ -104,6 +109,7 @@ def run_llama(path: str, tokens: list[int], n: int, repeats: int) -> dict:
     from benchmarks import _llama
 
     _llama.without_extra_bufts()
+    rss_base = _rss_mib()
     start = time.perf_counter()
     llm = llama_cpp.Llama(path, n_threads=2, n_threads_batch=2, n_ctx=N_CTX, n_batch=512, verbose=False)
     load_s = time.perf_counter() - start
@@ -131,7 +137,8 @@ def run_llama(path: str, tokens: list[int], n: int, repeats: int) -> dict:
                 break
         tg.append((count - 1) / (time.perf_counter() - t0))
     return {"load_s": load_s, "rss_load_mib": rss_load, "rss_peak_mib": _rss_mib(), "kv_mib": kv_mib,
-            "prompt": statistics.median(pp), "decode": statistics.median(tg), "kernel": "llama.cpp"}
+            "rss_base_mib": rss_base, "prompt": statistics.median(pp), "decode": statistics.median(tg),
+            "kernel": "llama.cpp"}
 
 
 def worker(side: str, path: str, tokens: list[int], n: int, repeats: int) -> dict:
@@ -161,8 +168,11 @@ def main() -> None:
         us = worker("ours", path, tokens, args.n, args.repeats)
         them = None if args.no_llama else worker("llama", path, tokens, args.n, args.repeats)
 
+        for side in (us, them) if them else (us,):
+            side["model_mib"] = side["rss_peak_mib"] - side["rss_base_mib"]
         for what, key in (("decode tok/s", "decode"), ("prompt tok/s", "prompt"), ("load s", "load_s"),
-                          ("RSS after load MiB", "rss_load_mib"), ("peak RSS MiB", "rss_peak_mib")):
+                          ("RSS before load MiB", "rss_base_mib"), ("RSS after load MiB", "rss_load_mib"),
+                          ("peak RSS MiB", "rss_peak_mib"), ("peak - before MiB", "model_mib")):
             a, b = us[key], them[key] if them else None
             ratio = f"{a / b:6.2f}" if b else f"{'-':>6}"
             anchor = f"{b:10.2f}" if b is not None else f"{'-':>10}"
@@ -170,7 +180,9 @@ def main() -> None:
         print(f"{name:>14}  {'file MiB':<20} {file_mib:9.1f}")
         print(f"{name:>14}  {'KV cache MiB':<20} {us['kv_mib']:9.1f} {them['kv_mib'] if them else 0:10.1f}")
         limit = 1.15 * file_mib + us["kv_mib"]
-        print(f"{name:>14}  {'peak / (1.15 file+KV)':<20} {us['rss_peak_mib'] / limit:9.2f}")
+        loaded = us["rss_load_mib"] - us["rss_base_mib"]
+        print(f"{name:>14}  {'loaded / (1.15 file + KV)':<20} {loaded / limit:9.2f}")
+        print(f"{name:>14}  {'peak / (1.15 file + KV)':<20} {us['model_mib'] / limit:9.2f}")
         print(f"{name:>14}  {'kernel':<20} {us['kernel']:>9}")
 
 

@@ -261,5 +261,12 @@ class GGUFFile:
         except KeyError:
             raise GGUFError(f"{self.path}: no tensor named {name}") from None
 
+    def release_pages(self) -> None:
+        """Drop the file's pages from this process's memory (``MADV_DONTNEED``): once weights are packed into their
+        own arrays, the pages they were read from would otherwise stay resident beside them. The mapping stays
+        valid; a later read faults its pages back in from the page cache."""
+        if hasattr(mmap, "MADV_DONTNEED") and not self._map.closed:
+            self._map.madvise(mmap.MADV_DONTNEED)
+
     def close(self) -> None:
         self._map.close()

@@ -244,7 +244,17 @@ def pack_part(part: Part, keep: list) -> CLinear:
 
 def pack_linear(lin: Linear, keep: list) -> CLinear:
     """The engine's form of ``lin`` (arrays and structs appended to ``keep``, which must outlive the struct): its
-    GGUF parts each in their own form, chained by output rows; else its 4-/8-bit arrays; else float32."""
+    GGUF parts each in their own form, chained by output rows; else its 4-/8-bit arrays; else float32. Packed once
+    per linear: every kernel variant reads the same form (the variants differ in code only), so the engines built
+    while the kernel is chosen share one copy of the weights."""
+    if lin.engine_form is None:
+        own: list = []
+        lin.engine_form = (_pack_linear(lin, own), own)
+    keep.append(lin.engine_form[1])
+    return lin.engine_form[0]
+
+
+def _pack_linear(lin: Linear, keep: list) -> CLinear:
     n_out, n_in = lin.shape
     if n_out % TILE or n_in % GROUP:
         raise EngineUnavailable(f"a {n_out} x {n_in} matrix does not tile by {TILE} x {GROUP}")
@@ -304,6 +314,9 @@ class CEngine:
             raise EngineUnavailable("head_dim must be a multiple of 16 and n_embd of 32")
         self._keep: list = []
         k = self._keep
+        # the output matrix first (often the largest): its file pages leave memory before the layers are packed
+        output = pack_linear(transformer.output, k)
+        transformer.release_pages()
         layers = (CLayer * c.n_layer)()
         for i, L in enumerate(transformer.layers):
             layers[i] = CLayer(
@@ -311,10 +324,11 @@ class CEngine:
                 _ptr(L.post_attn_norm, k), _ptr(L.post_ffn_norm, k), pack_linear(L.qkv, k), pack_linear(L.wo, k),
                 pack_linear(L.gate_up, k), pack_linear(L.down, k), int(i in c.swa_layers), 0,
                 _ptr(L.qkv_bias, k))
+            transformer.release_pages()  # the file's pages this layer was packed from leave our memory
         self._layers = layers
         self.model = CModel(c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.n_vocab,
                             int(c.gelu), c.rms_eps, c.attn_scale, 0, ISAS[isa], layers,
-                            _ptr(transformer.output_norm, k), pack_linear(transformer.output, k), c.attn_softcap, 0.0)
+                            _ptr(transformer.output_norm, k), output, c.attn_softcap, 0.0)
 
     @staticmethod
     def _rope(positions: np.ndarray, head_dim: int, rope: Rope) -> tuple[np.ndarray, np.ndarray]:

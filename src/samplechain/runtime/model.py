@@ -293,6 +293,7 @@ class Transformer:
     def __init__(self, config: ModelConfig, loader: WeightLoader) -> None:
         self.config = c = config
         self.device = loader.device
+        self.source = loader.gguf  # the memory-mapped file the weights are read from
         emb = loader.gguf.info("token_embd.weight")
         if emb.shape != (c.n_vocab, c.n_embd):
             raise GGUFError(f"token_embd shape {emb.shape} does not match vocab {c.n_vocab} x {c.n_embd}")
@@ -353,6 +354,10 @@ class Transformer:
                 post_ffn_norm=optional(p + "post_ffw_norm.weight"),
                 qkv_bias=torch.cat(biases) if biases[0] is not None else None,  # type: ignore[arg-type]
             ))
+
+    def release_pages(self) -> None:
+        """Drop the model file's pages from memory (packed engines hold their own copy; see GGUFFile)."""
+        self.source.release_pages()
 
     def dense(self) -> Transformer:
         """A copy on the torch path with every linear dequantized (the reference path)."""

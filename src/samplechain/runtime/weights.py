@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -251,6 +252,7 @@ class Linear:
         self._q4, self._q8 = q4, q8
         self.int4_dtype = int4_dtype if self.has_q4 else None
         self._packed: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.engine_form: tuple[Any, list] | None = None  # the CPU engine's packed form, shared by its variants
 
     def _parts_in(self, types: set[str]) -> bool:
         return self.parts is not None and all(p.type_name in types for p in self.parts)

@@ -355,6 +355,103 @@ static inline void tile_avx2_kind(const sc_linear *L, int t, const int16_t *xq, 
     _mm256_storeu_ps(out + 8, acc1);
 }
 
+/* The same as tile_avx2_kind for up to MULTI_AVX2 tokens: a block's weights are widened to int16 once (kept in L1)
+   and used by every token; each token's integer sums and float operations are exactly those of tile_avx2_kind. */
+#define MULTI_AVX2 8
+__attribute__((target("avx2,fma,f16c"), always_inline))
+static inline void tiles_avx2_kind(const sc_linear *L, int t, const int16_t *const *xq, const float *const *xd,
+                                   const int32_t *const *xs, int m, float *const *out, const int kind) {
+    int nb = L->n_in / QK, split = kind == SC_W6, zero = L->zero;
+    size_t bb = block_bytes(kind);
+    __m256 acc[MULTI_AVX2][2];
+    for (int j = 0; j < MULTI_AVX2; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    const __m128i lo = _mm_set1_epi8(15), one = _mm_set1_epi8(1), three = _mm_set1_epi8(3);
+    const __m256i z = _mm256_set1_epi16((int16_t)L->zero);
+    for (int b = 0; b < nb; b++) {
+        size_t blk = (size_t)t * nb + b;
+        __m256i w[32];  /* W4/5/6: w[8k + 2c + e] inputs 8k + 4e.., rows 4c..; W8: w[4k + c] inputs 4k.., rows 4c.. */
+        if (kind != SC_W8) {
+            const uint8_t *p = L->q + blk * bb;
+            for (int k = 0; k < 4; k++) {
+                __m128i c0 = _mm_cvtsi32_si128(2 * k), c1 = _mm_cvtsi32_si128(2 * k + 1);
+                __m128i c2 = _mm_cvtsi32_si128(4 * (k & 1)), c3 = _mm_cvtsi32_si128(4 * (k & 1) + 2);
+                for (int c = 0; c < 4; c++) {
+                    __m128i v = _mm_loadu_si128((const __m128i *)(p + 64 * k + 16 * c));
+                    __m128i l = _mm_and_si128(v, lo), hh = _mm_and_si128(_mm_srli_epi16(v, 4), lo);
+                    if (kind == SC_W5) {
+                        __m128i hb = _mm_loadu_si128((const __m128i *)(p + 256 + 16 * c));
+                        l = _mm_or_si128(l, _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, c0), one), 4));
+                        hh = _mm_or_si128(hh, _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, c1), one), 4));
+                    } else if (kind == SC_W6) {
+                        __m128i hb = _mm_loadu_si128((const __m128i *)(p + 256 + 64 * (k >> 1) + 16 * c));
+                        l = _mm_or_si128(l, _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, c2), three), 4));
+                        hh = _mm_or_si128(hh, _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, c3), three), 4));
+                    }
+                    __m256i wl = _mm256_cvtepu8_epi16(l), wh = _mm256_cvtepu8_epi16(hh);
+                    if (zero) wl = _mm256_sub_epi16(wl, z), wh = _mm256_sub_epi16(wh, z);
+                    w[8 * k + 2 * c] = wl, w[8 * k + 2 * c + 1] = wh;
+                }
+            }
+        } else {
+            const uint8_t *p = L->q + blk * 512;
+            for (int k = 0; k < 8; k++)
+                for (int c = 0; c < 4; c++) {
+                    __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 64 * k + 16 * c)));
+                    w[4 * k + c] = zero ? _mm256_sub_epi16(v, z) : v;
+                }
+        }
+        __m256 d[2][2], mv[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        scales_avx2(L, t, b, d, mv);
+        for (int j = 0; j < m; j++) {
+            const int16_t *x = xq[j] + b * QK;
+            __m256i s[2][4];
+            for (int h = 0; h < 2; h++)
+                for (int c = 0; c < 4; c++) s[h][c] = _mm256_setzero_si256();
+            if (kind != SC_W8) {
+                for (int k = 0; k < 4; k++) {
+                    __m256i xl = _mm256_set1_epi64x(x4(x + 8 * k)), xh = _mm256_set1_epi64x(x4(x + 8 * k + 4));
+                    int h = kind == SC_W6 ? k >> 1 : 0;
+                    for (int c = 0; c < 4; c++)
+                        s[h][c] = _mm256_add_epi32(s[h][c], _mm256_add_epi32(_mm256_madd_epi16(w[8 * k + 2 * c], xl),
+                                                                             _mm256_madd_epi16(w[8 * k + 2 * c + 1], xh)));
+                }
+            } else {
+                for (int k = 0; k < 8; k++) {
+                    __m256i xb = _mm256_set1_epi64x(x4(x + 4 * k));
+                    for (int c = 0; c < 4; c++) s[0][c] = _mm256_add_epi32(s[0][c], _mm256_madd_epi16(w[4 * k + c], xb));
+                }
+            }
+            __m256 dx = _mm256_set1_ps(xd[j][b]);
+            for (int h = 0; h <= split; h++) {
+                __m256i s0 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s[h][0], s[h][1]), 0xD8);
+                __m256i s1 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s[h][2], s[h][3]), 0xD8);
+                acc[j][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(d[h][0], dx), acc[j][0]);
+                acc[j][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(d[h][1], dx), acc[j][1]);
+            }
+            if (L->m) {
+                __m256 ms = _mm256_set1_ps(xd[j][b] * (float)xs[j][b]);
+                acc[j][0] = _mm256_fmadd_ps(mv[0], ms, acc[j][0]);
+                acc[j][1] = _mm256_fmadd_ps(mv[1], ms, acc[j][1]);
+            }
+        }
+    }
+    for (int j = 0; j < m; j++) {
+        _mm256_storeu_ps(out[j], acc[j][0]);
+        _mm256_storeu_ps(out[j] + 8, acc[j][1]);
+    }
+}
+
+__attribute__((target("avx2,fma,f16c")))
+static void tiles_avx2(const sc_linear *L, int t, const int16_t *const *xq, const float *const *xd,
+                       const int32_t *const *xs, int m, float *const *out) {
+    switch (L->kind) {
+    case SC_W4: tiles_avx2_kind(L, t, xq, xd, xs, m, out, SC_W4); break;
+    case SC_W5: tiles_avx2_kind(L, t, xq, xd, xs, m, out, SC_W5); break;
+    case SC_W6: tiles_avx2_kind(L, t, xq, xd, xs, m, out, SC_W6); break;
+    default: tiles_avx2_kind(L, t, xq, xd, xs, m, out, SC_W8); break;
+    }
+}
+
 __attribute__((target("avx2,fma,f16c")))
 static void tile_avx2(const sc_linear *L, int t, const int16_t *xq, const float *xd, const int32_t *xs,
                       float *out) {
@@ -609,20 +706,24 @@ static void tile_rows(const sc_linear *L, int t, int n, const float *xf, const q
         return;
     }
 #if defined(__x86_64__)
-    if (isa == SC_AVX512VNNI && n > 1) {
-        for (int i = 0; i < n; i += MULTI) {
-            int m = n - i < MULTI ? n - i : MULTI;
-            const int16_t *q[MULTI];
-            const float *dd[MULTI];
-            const int32_t *ss[MULTI];
-            float *o[MULTI];
+    if ((isa == SC_AVX512VNNI || isa == SC_AVX2) && n > 1) {  /* several tokens per widened weight block */
+        int group = isa == SC_AVX2 ? MULTI_AVX2 : MULTI;
+        for (int i = 0; i < n; i += group) {
+            int m = n - i < group ? n - i : group;
+            const int16_t *q[MULTI_AVX2];
+            const float *dd[MULTI_AVX2];
+            const int32_t *ss[MULTI_AVX2];
+            float *o[MULTI_AVX2];
             for (int j = 0; j < m; j++) {
                 q[j] = xq->q + (size_t)(i + j) * L->n_in;
                 dd[j] = xq->d + (size_t)(i + j) * nbq;
                 ss[j] = xq->s + (size_t)(i + j) * nbq;
                 o[j] = y + (size_t)(i + j) * ld + t * TILE;
             }
-            tiles_avx512vnni(L, t, q, dd, ss, m, o);
+            if (isa == SC_AVX2)
+                tiles_avx2(L, t, q, dd, ss, m, o);
+            else
+                tiles_avx512vnni(L, t, q, dd, ss, m, o);
         }
         return;
     }
