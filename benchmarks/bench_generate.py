@@ -78,18 +78,22 @@ def llama_cpp(path, tokens, n_decode, repeats):
         t0 = time.perf_counter()
         llm.eval(tokens)
         pp.append(len(tokens) / (time.perf_counter() - t0))
-        llm.reset()
-        n = 0
-        t0 = None
-        for _ in llm.generate(tokens[:8], top_k=40, top_p=0.95, min_p=0.05, temp=0.8, repeat_penalty=1.0,
-                              reset=True):
-            if t0 is None:  # the first token comes out of prompt processing
-                t0 = time.perf_counter()
-            n += 1
-            if n > n_decode:
-                break
-        tg.append((n - 1) / (time.perf_counter() - t0))
+        tg.append(llama_decode_rate(llm, tokens, n_decode))
     return load_s, statistics.median(pp), statistics.median(tg)
+
+
+def llama_decode_rate(llm, tokens, n_decode):
+    """llama.cpp's decode tok/s over ``n_decode`` tokens after an 8-token prompt, its default sampler chain."""
+    llm.reset()
+    n = 0
+    t0 = None
+    for _ in llm.generate(tokens[:8], top_k=40, top_p=0.95, min_p=0.05, temp=0.8, repeat_penalty=1.0, reset=True):
+        if t0 is None:  # the first token comes out of prompt processing
+            t0 = time.perf_counter()
+        n += 1
+        if n > n_decode:
+            break
+    return (n - 1) / (time.perf_counter() - t0)
 
 
 def cpu(args):

@@ -107,6 +107,7 @@ def run_llama(path: str, tokens: list[int], n: int, repeats: int) -> dict:
     import llama_cpp
 
     from benchmarks import _llama
+    from benchmarks.bench_generate import llama_decode_rate
 
     _llama.without_extra_bufts()
     rss_base = _rss_mib()
@@ -126,16 +127,7 @@ def run_llama(path: str, tokens: list[int], n: int, repeats: int) -> dict:
         t0 = time.perf_counter()
         llm.eval(tokens)
         pp.append(len(tokens) / (time.perf_counter() - t0))
-        llm.reset()
-        count, t0 = 0, None
-        for _ in llm.generate(tokens[:8], top_k=40, top_p=0.95, min_p=0.05, temp=0.8, repeat_penalty=1.0,
-                              reset=True):
-            if t0 is None:  # the first token comes out of prompt processing
-                t0 = time.perf_counter()
-            count += 1
-            if count > n:
-                break
-        tg.append((count - 1) / (time.perf_counter() - t0))
+        tg.append(llama_decode_rate(llm, tokens, n))
     return {"load_s": load_s, "rss_load_mib": rss_load, "rss_peak_mib": _rss_mib(), "kv_mib": kv_mib,
             "rss_base_mib": rss_base, "prompt": statistics.median(pp), "decode": statistics.median(tg),
             "kernel": "llama.cpp"}

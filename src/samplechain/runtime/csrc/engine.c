@@ -284,6 +284,30 @@ static inline void scales_avx2(const sc_linear *L, int t, int b, __m256 d[2][2],
     }
 }
 
+/* vector c of step k of a 4/5/6-bit block widened to int16, offset removed: rows 4c..4c+3 x inputs 8k..8k+3 (*wl)
+   and 8k+4..8k+7 (*wh) */
+__attribute__((target("avx2,fma,f16c"), always_inline))
+static inline void widen_avx2(const uint8_t *p, int k, int c, const int kind, int zero, __m256i *wl, __m256i *wh) {
+    const __m128i lo = _mm_set1_epi8(15), one = _mm_set1_epi8(1), three = _mm_set1_epi8(3);
+    __m128i v = _mm_loadu_si128((const __m128i *)(p + 64 * k + 16 * c));
+    __m128i l = _mm_and_si128(v, lo), hh = _mm_and_si128(_mm_srli_epi16(v, 4), lo);
+    if (kind == SC_W5) {
+        __m128i hb = _mm_loadu_si128((const __m128i *)(p + 256 + 16 * c));
+        l = _mm_or_si128(l, _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, _mm_cvtsi32_si128(2 * k)), one), 4));
+        hh = _mm_or_si128(hh, _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, _mm_cvtsi32_si128(2 * k + 1)), one), 4));
+    } else if (kind == SC_W6) {
+        __m128i hb = _mm_loadu_si128((const __m128i *)(p + 256 + 64 * (k >> 1) + 16 * c));
+        int sh = 4 * (k & 1);
+        l = _mm_or_si128(l, _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, _mm_cvtsi32_si128(sh)), three), 4));
+        hh = _mm_or_si128(hh, _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, _mm_cvtsi32_si128(sh + 2)), three), 4));
+    }
+    *wl = _mm256_cvtepu8_epi16(l), *wh = _mm256_cvtepu8_epi16(hh);
+    if (zero) {
+        const __m256i z = _mm256_set1_epi16((int16_t)zero);
+        *wl = _mm256_sub_epi16(*wl, z), *wh = _mm256_sub_epi16(*wh, z);
+    }
+}
+
 /* the body for one kind (a constant: each kind gets its own compiled loop) */
 __attribute__((target("avx2,fma,f16c"), always_inline))
 static inline void tile_avx2_kind(const sc_linear *L, int t, const int16_t *xq, const float *xd, const int32_t *xs,
@@ -291,7 +315,6 @@ static inline void tile_avx2_kind(const sc_linear *L, int t, const int16_t *xq, 
     int nb = L->n_in / QK, split = kind == SC_W6, zero = L->zero;
     size_t bb = block_bytes(kind);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    const __m128i lo = _mm_set1_epi8(15), one = _mm_set1_epi8(1), three = _mm_set1_epi8(3);
     const __m256i z = _mm256_set1_epi16((int16_t)L->zero);
     for (int b = 0; b < nb; b++) {
         size_t blk = (size_t)t * nb + b;
@@ -305,22 +328,9 @@ static inline void tile_avx2_kind(const sc_linear *L, int t, const int16_t *xq, 
             for (int k = 0; k < 4; k++) {
                 __m256i xl = _mm256_set1_epi64x(x4(x + 8 * k)), xh = _mm256_set1_epi64x(x4(x + 8 * k + 4));
                 int h = kind == SC_W6 ? k >> 1 : 0;
-                __m128i c0 = _mm_cvtsi32_si128(2 * k), c1 = _mm_cvtsi32_si128(2 * k + 1);
-                __m128i c2 = _mm_cvtsi32_si128(4 * (k & 1)), c3 = _mm_cvtsi32_si128(4 * (k & 1) + 2);
                 for (int c = 0; c < 4; c++) {
-                    __m128i v = _mm_loadu_si128((const __m128i *)(p + 64 * k + 16 * c));
-                    __m128i l = _mm_and_si128(v, lo), hh = _mm_and_si128(_mm_srli_epi16(v, 4), lo);
-                    if (kind == SC_W5) {
-                        __m128i hb = _mm_loadu_si128((const __m128i *)(p + 256 + 16 * c));
-                        l = _mm_or_si128(l, _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, c0), one), 4));
-                        hh = _mm_or_si128(hh, _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, c1), one), 4));
-                    } else if (kind == SC_W6) {
-                        __m128i hb = _mm_loadu_si128((const __m128i *)(p + 256 + 64 * (k >> 1) + 16 * c));
-                        l = _mm_or_si128(l, _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, c2), three), 4));
-                        hh = _mm_or_si128(hh, _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, c3), three), 4));
-                    }
-                    __m256i wl = _mm256_cvtepu8_epi16(l), wh = _mm256_cvtepu8_epi16(hh);
-                    if (zero) wl = _mm256_sub_epi16(wl, z), wh = _mm256_sub_epi16(wh, z);
+                    __m256i wl, wh;
+                    widen_avx2(p, k, c, kind, zero, &wl, &wh);
                     s[h][c] = _mm256_add_epi32(s[h][c], _mm256_add_epi32(_mm256_madd_epi16(wl, xl),
                                                                          _mm256_madd_epi16(wh, xh)));
                 }
@@ -365,33 +375,14 @@ static inline void tiles_avx2_kind(const sc_linear *L, int t, const int16_t *con
     size_t bb = block_bytes(kind);
     __m256 acc[MULTI_AVX2][2];
     for (int j = 0; j < MULTI_AVX2; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
-    const __m128i lo = _mm_set1_epi8(15), one = _mm_set1_epi8(1), three = _mm_set1_epi8(3);
     const __m256i z = _mm256_set1_epi16((int16_t)L->zero);
     for (int b = 0; b < nb; b++) {
         size_t blk = (size_t)t * nb + b;
         __m256i w[32];  /* W4/5/6: w[8k + 2c + e] inputs 8k + 4e.., rows 4c..; W8: w[4k + c] inputs 4k.., rows 4c.. */
         if (kind != SC_W8) {
             const uint8_t *p = L->q + blk * bb;
-            for (int k = 0; k < 4; k++) {
-                __m128i c0 = _mm_cvtsi32_si128(2 * k), c1 = _mm_cvtsi32_si128(2 * k + 1);
-                __m128i c2 = _mm_cvtsi32_si128(4 * (k & 1)), c3 = _mm_cvtsi32_si128(4 * (k & 1) + 2);
-                for (int c = 0; c < 4; c++) {
-                    __m128i v = _mm_loadu_si128((const __m128i *)(p + 64 * k + 16 * c));
-                    __m128i l = _mm_and_si128(v, lo), hh = _mm_and_si128(_mm_srli_epi16(v, 4), lo);
-                    if (kind == SC_W5) {
-                        __m128i hb = _mm_loadu_si128((const __m128i *)(p + 256 + 16 * c));
-                        l = _mm_or_si128(l, _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, c0), one), 4));
-                        hh = _mm_or_si128(hh, _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, c1), one), 4));
-                    } else if (kind == SC_W6) {
-                        __m128i hb = _mm_loadu_si128((const __m128i *)(p + 256 + 64 * (k >> 1) + 16 * c));
-                        l = _mm_or_si128(l, _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, c2), three), 4));
-                        hh = _mm_or_si128(hh, _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, c3), three), 4));
-                    }
-                    __m256i wl = _mm256_cvtepu8_epi16(l), wh = _mm256_cvtepu8_epi16(hh);
-                    if (zero) wl = _mm256_sub_epi16(wl, z), wh = _mm256_sub_epi16(wh, z);
-                    w[8 * k + 2 * c] = wl, w[8 * k + 2 * c + 1] = wh;
-                }
-            }
+            for (int k = 0; k < 4; k++)
+                for (int c = 0; c < 4; c++) widen_avx2(p, k, c, kind, zero, &w[8 * k + 2 * c], &w[8 * k + 2 * c + 1]);
         } else {
             const uint8_t *p = L->q + blk * 512;
             for (int k = 0; k < 8; k++)
