@@ -97,3 +97,23 @@ def test_compiled_engine_is_batch_invariant(family):
         start = end
     assert start == n
     np.testing.assert_array_equal(np.concatenate(parts), whole)
+
+
+def test_rope_per_layer_as_llama_cpp_picks_it():
+    """Phi-3's long factors past the original context, its attention factor on cos/sin (not on a K-shift's turn);
+    Gemma's sliding layers on their own base and scale."""
+    import torch
+
+    phi3 = ModelConfig.from_gguf(GGUFFile(files(FAMILIES[4])["Q8_0"]))
+    assert phi3.arch == "phi3" and phi3.n_ctx_orig == 4096 and phi3.rope_mscale == pytest.approx(1.19)
+    short, long = phi3.rope(0, 4096), phi3.rope(0, 4097)
+    assert short.factors == phi3.rope_factors and long.factors == phi3.rope_factors_long != short.factors
+    turn = short.rotation(torch.tensor([3]), phi3.head_dim)
+    assert torch.allclose(turn.abs(), torch.full_like(turn.abs(), 1.19))
+    assert torch.allclose(short.rotation(torch.tensor([3]), phi3.head_dim, magnitude=False).abs(),
+                          torch.ones(1, 1, phi3.head_dim // 2))
+    gemma3 = ModelConfig.from_gguf(GGUFFile(files(FAMILIES[6])["Q8_0"]))
+    assert gemma3.swa_layers == frozenset({0}) and gemma3.swa_window == 8
+    assert (gemma3.rope(0).base, gemma3.rope(1).base) == (10000.0, 1000000.0)
+    gemma2 = ModelConfig.from_gguf(GGUFFile(files(FAMILIES[5])["Q8_0"]))
+    assert (gemma2.attn_softcap, gemma2.final_softcap, gemma2.swa_layers) == (50.0, 30.0, frozenset({0}))
