@@ -194,6 +194,9 @@ def test_prompt_longer_than_the_slot_is_400(server):
      "Cannot have 2 or more assistant messages"),
     ({"messages": CHAT, "add_generation_prompt": True, "continue_final_message": True}, "Cannot set both"),
     ({"messages": CHAT, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 123}}}}, ""),
+    ({"messages": CHAT, "chat_template_kwargs": ["enable_thinking"]}, "'chat_template_kwargs' must be an object"),
+    ({"messages": CHAT, "chat_template_kwargs": {"enable_thinking": "no"}},
+     'invalid type for "enable_thinking" (expected boolean, got str)'),
 ])
 def test_bad_chat_requests_are_400(server, body, message):
     r = call(server, "POST", "/v1/chat/completions", body)
@@ -541,3 +544,11 @@ def test_thinking_budget_and_reasoning_content(server):
     raw = call(server, "POST", "/v1/chat/completions", {**base, "thinking_budget_tokens": 3,
                                                         "reasoning_format": "none"}).json()
     assert raw["choices"][0]["message"]["content"].startswith(thought + "</think>")
+
+
+def test_chat_template_kwargs_reach_the_template(server):
+    """llama-server's chat_template_kwargs: extra template variables (the template may read them), enable_thinking."""
+    body = {"messages": CHAT, "max_tokens": 2, "chat_template_kwargs": {"enable_thinking": False, "custom": 1}}
+    r = call(server, "POST", "/v1/chat/completions", body)
+    assert r.status == 200, r.body
+    assert r.json()["usage"]["completion_tokens"] == 2
