@@ -72,6 +72,11 @@ def llama_cpp(path, tokens, n_decode, repeats):
     llm = llama_cpp.Llama(path, n_threads=2, n_threads_batch=2, n_ctx=max(1024, len(tokens) + n_decode + 8),
                           n_batch=512, verbose=False)
     load_s = time.perf_counter() - start
+    return load_s, *llama_rates(llm, tokens, n_decode, repeats)
+
+
+def llama_rates(llm, tokens, n_decode, repeats):
+    """llama.cpp's median prompt tok/s (``tokens`` in one batch) and decode tok/s over ``repeats`` runs."""
     pp, tg = [], []
     for _ in range(repeats):
         llm.reset()
@@ -79,7 +84,7 @@ def llama_cpp(path, tokens, n_decode, repeats):
         llm.eval(tokens)
         pp.append(len(tokens) / (time.perf_counter() - t0))
         tg.append(llama_decode_rate(llm, tokens, n_decode))
-    return load_s, statistics.median(pp), statistics.median(tg)
+    return statistics.median(pp), statistics.median(tg)
 
 
 def llama_decode_rate(llm, tokens, n_decode):

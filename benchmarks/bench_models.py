@@ -107,7 +107,7 @@ def run_llama(path: str, tokens: list[int], n: int, repeats: int) -> dict:
     import llama_cpp
 
     from benchmarks import _llama
-    from benchmarks.bench_generate import llama_decode_rate
+    from benchmarks.bench_generate import llama_rates
 
     _llama.without_extra_bufts()
     rss_base = _rss_mib()
@@ -121,15 +121,9 @@ def run_llama(path: str, tokens: list[int], n: int, repeats: int) -> dict:
     head = int(meta.get(f"{arch}.attention.key_length", int(meta[f"{arch}.embedding_length"])
                         // int(meta[f"{arch}.attention.head_count"])))
     kv_mib = 2 * n_layer * n_kv * head * N_CTX * 2 / 2**20  # f16 cache
-    pp, tg = [], []
-    for _ in range(repeats):
-        llm.reset()
-        t0 = time.perf_counter()
-        llm.eval(tokens)
-        pp.append(len(tokens) / (time.perf_counter() - t0))
-        tg.append(llama_decode_rate(llm, tokens, n))
+    prompt, decode = llama_rates(llm, tokens, n, repeats)
     return {"load_s": load_s, "rss_load_mib": rss_load, "rss_peak_mib": _rss_mib(), "kv_mib": kv_mib,
-            "rss_base_mib": rss_base, "prompt": statistics.median(pp), "decode": statistics.median(tg),
+            "rss_base_mib": rss_base, "prompt": prompt, "decode": decode,
             "kernel": "llama.cpp"}
 
 
