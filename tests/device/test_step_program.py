@@ -76,7 +76,7 @@ def test_cuda_graph_replays_the_cpu_chains_tokens():
     x = realistic(b, v, seed=1)
     cpu = [CommonSampler(SamplingParams(seed=s, top_k=30 + s)) for s in range(b)]
     dev = [CommonSampler(SamplingParams(seed=s, top_k=30 + s)) for s in range(b)]
-    bs = BatchSampler(dev, "cuda")
+    bs = BatchSampler(dev, "cuda", cuda_graph=True)
     for step in range(6):
         xs = x.roll(step, 1)
         assert bs.sample(xs.cuda()) == [c.sample(xs[i].numpy()) for i, c in enumerate(cpu)]
@@ -86,7 +86,7 @@ def test_cuda_graph_replays_the_cpu_chains_tokens():
 
 @cuda
 def test_cuda_step_synchronises_once():
-    bs = BatchSampler([CommonSampler(SamplingParams(seed=s)) for s in range(64)], "cuda")
+    bs = BatchSampler([CommonSampler(SamplingParams(seed=s)) for s in range(64)], "cuda", cuda_graph=True)
     x = realistic(64, 49152).cuda()
     bs.sample(x)
     counts = step_counts(bs, x, steps=3)
@@ -98,8 +98,15 @@ def test_cuda_step_synchronises_once():
 def test_cuda_without_graphs_gives_the_same_tokens():
     x = realistic(16, 49152, seed=2)
     a = BatchSampler([CommonSampler(SamplingParams(seed=s)) for s in range(16)], "cuda", cuda_graph=False)
-    b = BatchSampler([CommonSampler(SamplingParams(seed=s)) for s in range(16)], "cuda")
+    b = BatchSampler([CommonSampler(SamplingParams(seed=s)) for s in range(16)], "cuda", cuda_graph=True)
     for step in range(4):
         xs = x.roll(step, 1).cuda()
         assert a.sample(xs) == b.sample(xs)
     assert not a.graph_captured and b.graph_captured
+
+
+def test_cuda_graph_capture_is_off_by_default():
+    # it has never run on a GPU: users meet it only when they ask for it
+    import inspect
+
+    assert inspect.signature(BatchSampler).parameters["cuda_graph"].default is False
