@@ -257,3 +257,39 @@ def test_generate_reuses_its_context_but_never_shares_a_busy_one(smol):
                 except StopIteration:
                     live[i] = False
     assert out == alone
+
+
+def test_activation_quantizer_paths_give_the_same_bits():
+    """The AVX2 quantizer is the generic one bit for bit: scales, int16 values (roundf's ties away from zero,
+    the clamp) and block sums, on random rows and on the edges (zeros, exact ties, tiny and huge values)."""
+    import ctypes
+
+    from samplechain.runtime.cpu_engine import library
+
+    rng = np.random.default_rng(3)
+    rows = [rng.standard_normal(4096).astype(np.float32) * s for s in (1e-30, 1e-3, 1.0, 1e4, 1e30)]
+    ties = np.tile(np.array([32767.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 0.49999997], dtype=np.float32), 4)
+    rows += [np.zeros(32, np.float32), ties, np.float32([1.0, -1.0] * 16), np.float32([-3.0] + [1.0] * 31)]
+    lib = library()
+    ok = 0
+    for x in rows:
+        out = []
+        for isa in (0, 1):
+            q = np.empty(x.size, np.int16)
+            d = np.empty(x.size // 32, np.float32)
+            s = np.empty(x.size // 32, np.int32)
+            rc = lib.sc_quantize_row(ctypes.c_void_p(x.ctypes.data), x.size, ctypes.c_void_p(q.ctypes.data),
+                                     ctypes.c_void_p(d.ctypes.data), ctypes.c_void_p(s.ctypes.data), isa)
+            out.append((rc, q, d, s))
+        if out[1][0] != 0:
+            pytest.skip("no AVX2 on this CPU")
+        ok += 1
+        for a, b in zip(out[0][1:], out[1][1:], strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert ok == len(rows)
+    q = np.empty(32, np.int16)
+    d, s = np.empty(1, np.float32), np.empty(1, np.int32)
+    x = np.tile(np.float32([32767.0, 0.5, -0.5, 1.5]), 8)
+    lib.sc_quantize_row(ctypes.c_void_p(x.ctypes.data), 32, ctypes.c_void_p(q.ctypes.data),
+                        ctypes.c_void_p(d.ctypes.data), ctypes.c_void_p(s.ctypes.data), 0)
+    assert q[:4].tolist() == [32767, 1, -1, 2] and d[0] == np.float32(1.0) and s[0] == 8 * (32767 + 1 - 1 + 2)

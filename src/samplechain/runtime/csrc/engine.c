@@ -77,7 +77,54 @@ typedef struct {
     int n_in;
 } q16_rows;
 
-static void quantize_row(const float *x, int n, int16_t *q, float *d, int32_t *s) {
+#if defined(__x86_64__)
+static int sc_cpu_has_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+/* quantize_row_generic's results, bit for bit: max |x| is exact in any order, x * id is the same float product,
+   roundf's half-away-from-zero is trunc(v) + sign(v) where |v - trunc(v)| >= 0.5 (v - trunc(v) is exact), the sum
+   is exact in int32. */
+__attribute__((target("avx2,fma,f16c")))
+static void quantize_row_avx2(const float *x, int n, int16_t *q, float *d, int32_t *s) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+    const __m256i hi = _mm256_set1_epi32(32767), lo = _mm256_set1_epi32(-32767);
+    for (int b = 0; b < n / QK; b++) {
+        const float *xb = x + b * QK;
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(xb + 8 * i);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+        }
+        float mm[8], amax = 0.0f;
+        _mm256_storeu_ps(mm, m);
+        for (int i = 0; i < 8; i++) amax = mm[i] > amax ? mm[i] : amax;
+        float db = amax / 32767.0f;
+        float id = db != 0.0f ? 32767.0f / amax : 0.0f;
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i r[4], sum = _mm256_setzero_si256();
+        for (int i = 0; i < 4; i++) {
+            __m256 y = _mm256_mul_ps(v[i], vid);
+            __m256 t = _mm256_round_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            __m256 away = _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_sub_ps(y, t)), half, _CMP_GE_OQ);
+            t = _mm256_add_ps(t, _mm256_and_ps(away, _mm256_or_ps(one, _mm256_and_ps(sign, y))));
+            r[i] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvttps_epi32(t), hi), lo);
+            sum = _mm256_add_epi32(sum, r[i]);
+        }
+        for (int i = 0; i < 2; i++)
+            _mm256_storeu_si256((__m256i *)(q + b * QK + 16 * i),
+                                _mm256_permute4x64_epi64(_mm256_packs_epi32(r[2 * i], r[2 * i + 1]), 0xD8));
+        int32_t ss[8], total = 0;
+        _mm256_storeu_si256((__m256i *)ss, sum);
+        for (int i = 0; i < 8; i++) total += ss[i];
+        d[b] = db;
+        s[b] = total;
+    }
+}
+#endif
+
+static void quantize_row_generic(const float *x, int n, int16_t *q, float *d, int32_t *s) {
     for (int b = 0; b < n / QK; b++) {
         const float *xb = x + b * QK;
         float amax = 0.0f;
@@ -97,6 +144,30 @@ static void quantize_row(const float *x, int n, int16_t *q, float *d, int32_t *s
         d[b] = db;
         s[b] = sum;
     }
+}
+
+/* one row's 32-blocks quantized to int16 (scales d, sums s): the same bits on every path */
+static void quantize_row(const float *x, int n, int16_t *q, float *d, int32_t *s) {
+#if defined(__x86_64__)
+    if (sc_cpu_has_avx2()) {
+        quantize_row_avx2(x, n, q, d, s);
+        return;
+    }
+#endif
+    quantize_row_generic(x, n, q, d, s);
+}
+
+/* exposed for tests: one row quantized by the generic (0) or the AVX2 (1) code; returns -1 where that cannot run */
+int sc_quantize_row(const float *x, int n, int16_t *q, float *d, int32_t *s, int isa) {
+#if defined(__x86_64__)
+    if (isa == SC_AVX2 && sc_cpu_has_avx2()) {
+        quantize_row_avx2(x, n, q, d, s);
+        return 0;
+    }
+#endif
+    if (isa != SC_GENERIC) return -1;
+    quantize_row_generic(x, n, q, d, s);
+    return 0;
 }
 
 static float lanes_sum16(const float *acc) {
@@ -365,20 +436,37 @@ static inline void tile_avx2_kind(const sc_linear *L, int t, const int16_t *xq, 
     _mm256_storeu_ps(out + 8, acc1);
 }
 
+/* KEEP(v): v is materialized here, in a register: the compiler may not reassociate a chain of integer additions
+   across it into a wide tree of temporaries (which spills: 16 vector registers are all AVX2 has). */
+#define KEEP(v) __asm__("" : "+x"(v))
+
+/* A block's float step for two tokens' integer sums: rows 0-7 / 8-15 of s[c] (rows 4c..4c+3, each row's sum split over
+   two adjacent int32 lanes) as tile_avx2_kind does it. */
+__attribute__((target("avx2,fma,f16c"), always_inline))
+static inline void block_fma_avx2(__m256i s0, __m256i s1, __m256i s2, __m256i s3, __m256 d0, __m256 d1, __m256 dx,
+                                  __m256 *acc) {
+    __m256i r0 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s0, s1), 0xD8);
+    __m256i r1 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s2, s3), 0xD8);
+    acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r0), _mm256_mul_ps(d0, dx), acc[0]);
+    acc[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r1), _mm256_mul_ps(d1, dx), acc[1]);
+}
+
 /* The same as tile_avx2_kind for up to MULTI_AVX2 tokens: a block's weights are widened to int16 once (kept in L1)
-   and used by every token; each token's integer sums and float operations are exactly those of tile_avx2_kind. */
+   and used by every token, two tokens at a time with their 8 integer accumulators in registers (each weight vector is
+   loaded once per pair). Each token's integer sums (exact, whatever the order) and float operations are exactly those
+   of tile_avx2_kind. */
 #define MULTI_AVX2 8
 __attribute__((target("avx2,fma,f16c"), always_inline))
 static inline void tiles_avx2_kind(const sc_linear *L, int t, const int16_t *const *xq, const float *const *xd,
                                    const int32_t *const *xs, int m, float *const *out, const int kind) {
     int nb = L->n_in / QK, split = kind == SC_W6, zero = L->zero;
     size_t bb = block_bytes(kind);
-    __m256 acc[MULTI_AVX2][2];
-    for (int j = 0; j < MULTI_AVX2; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    __m256 acc[MULTI_AVX2 + 1][2];  /* the last: where an odd last token's twin goes */
+    for (int j = 0; j <= MULTI_AVX2; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
     const __m256i z = _mm256_set1_epi16((int16_t)L->zero);
+    __m256i w[32] __attribute__((aligned(32)));  /* W4/5/6: w[8k + 2c + e] inputs 8k + 4e.., rows 4c..; W8: w[4k + c] */
     for (int b = 0; b < nb; b++) {
         size_t blk = (size_t)t * nb + b;
-        __m256i w[32];  /* W4/5/6: w[8k + 2c + e] inputs 8k + 4e.., rows 4c..; W8: w[4k + c] inputs 4k.., rows 4c.. */
         if (kind != SC_W8) {
             const uint8_t *p = L->q + blk * bb;
             for (int k = 0; k < 4; k++)
@@ -393,36 +481,50 @@ static inline void tiles_avx2_kind(const sc_linear *L, int t, const int16_t *con
         }
         __m256 d[2][2], mv[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
         scales_avx2(L, t, b, d, mv);
-        for (int j = 0; j < m; j++) {
-            const int16_t *x = xq[j] + b * QK;
-            __m256i s[2][4];
-            for (int h = 0; h < 2; h++)
-                for (int c = 0; c < 4; c++) s[h][c] = _mm256_setzero_si256();
-            if (kind != SC_W8) {
-                for (int k = 0; k < 4; k++) {
-                    __m256i xl = _mm256_set1_epi64x(x4(x + 8 * k)), xh = _mm256_set1_epi64x(x4(x + 8 * k + 4));
-                    int h = kind == SC_W6 ? k >> 1 : 0;
-                    for (int c = 0; c < 4; c++)
-                        s[h][c] = _mm256_add_epi32(s[h][c], _mm256_add_epi32(_mm256_madd_epi16(w[8 * k + 2 * c], xl),
-                                                                             _mm256_madd_epi16(w[8 * k + 2 * c + 1], xh)));
-                }
-            } else {
-                for (int k = 0; k < 8; k++) {
-                    __m256i xb = _mm256_set1_epi64x(x4(x + 4 * k));
-                    for (int c = 0; c < 4; c++) s[0][c] = _mm256_add_epi32(s[0][c], _mm256_madd_epi16(w[4 * k + c], xb));
-                }
-            }
-            __m256 dx = _mm256_set1_ps(xd[j][b]);
+        for (int j = 0; j < m; j += 2) {
+            int j1 = j + 1 < m ? j + 1 : j, o1 = j + 1 < m ? j + 1 : MULTI_AVX2;  /* an odd last token: twice */
+            const int16_t *xa = xq[j] + b * QK, *xb = xq[j1] + b * QK;
+            __m256 dxa = _mm256_set1_ps(xd[j][b]), dxb = _mm256_set1_ps(xd[j1][b]);
             for (int h = 0; h <= split; h++) {
-                __m256i s0 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s[h][0], s[h][1]), 0xD8);
-                __m256i s1 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s[h][2], s[h][3]), 0xD8);
-                acc[j][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(d[h][0], dx), acc[j][0]);
-                acc[j][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(d[h][1], dx), acc[j][1]);
+                __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+                if (kind != SC_W8) {
+                    for (int k = split ? 2 * h : 0; k < (split ? 2 * h + 2 : 4); k++) {
+                        const __m256i *wk = w + 8 * k;
+                        __m256i al = _mm256_set1_epi64x(x4(xa + 8 * k)), ah = _mm256_set1_epi64x(x4(xa + 8 * k + 4));
+                        __m256i bl = _mm256_set1_epi64x(x4(xb + 8 * k)), bh = _mm256_set1_epi64x(x4(xb + 8 * k + 4));
+#define SC_STEP(c, A, B)                                                                                     \
+    A = _mm256_add_epi32(A, _mm256_madd_epi16(wk[2 * c], al));                                               \
+    B = _mm256_add_epi32(B, _mm256_madd_epi16(wk[2 * c], bl));                                               \
+    A = _mm256_add_epi32(A, _mm256_madd_epi16(wk[2 * c + 1], ah));                                           \
+    B = _mm256_add_epi32(B, _mm256_madd_epi16(wk[2 * c + 1], bh));                                           \
+    KEEP(A); KEEP(B);
+                        SC_STEP(0, a0, b0) SC_STEP(1, a1, b1) SC_STEP(2, a2, b2) SC_STEP(3, a3, b3)
+#undef SC_STEP
+                    }
+                } else {
+                    for (int k = 0; k < 8; k++) {
+                        const __m256i *wk = w + 4 * k;
+                        __m256i xa4 = _mm256_set1_epi64x(x4(xa + 4 * k)), xb4 = _mm256_set1_epi64x(x4(xb + 4 * k));
+                        a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(wk[0], xa4));
+                        b0 = _mm256_add_epi32(b0, _mm256_madd_epi16(wk[0], xb4));
+                        a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(wk[1], xa4));
+                        b1 = _mm256_add_epi32(b1, _mm256_madd_epi16(wk[1], xb4));
+                        a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(wk[2], xa4));
+                        b2 = _mm256_add_epi32(b2, _mm256_madd_epi16(wk[2], xb4));
+                        a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(wk[3], xa4));
+                        b3 = _mm256_add_epi32(b3, _mm256_madd_epi16(wk[3], xb4));
+                        KEEP(a0); KEEP(a1); KEEP(a2); KEEP(a3); KEEP(b0); KEEP(b1); KEEP(b2); KEEP(b3);
+                    }
+                }
+                block_fma_avx2(a0, a1, a2, a3, d[h][0], d[h][1], dxa, acc[j]);
+                block_fma_avx2(b0, b1, b2, b3, d[h][0], d[h][1], dxb, acc[o1]);
             }
             if (L->m) {
-                __m256 ms = _mm256_set1_ps(xd[j][b] * (float)xs[j][b]);
-                acc[j][0] = _mm256_fmadd_ps(mv[0], ms, acc[j][0]);
-                acc[j][1] = _mm256_fmadd_ps(mv[1], ms, acc[j][1]);
+                __m256 msa = _mm256_set1_ps(xd[j][b] * (float)xs[j][b]), msb = _mm256_set1_ps(xd[j1][b] * (float)xs[j1][b]);
+                acc[j][0] = _mm256_fmadd_ps(mv[0], msa, acc[j][0]);
+                acc[j][1] = _mm256_fmadd_ps(mv[1], msa, acc[j][1]);
+                acc[o1][0] = _mm256_fmadd_ps(mv[0], msb, acc[o1][0]);
+                acc[o1][1] = _mm256_fmadd_ps(mv[1], msb, acc[o1][1]);
             }
         }
     }
