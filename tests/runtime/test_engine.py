@@ -163,7 +163,7 @@ def test_choice_is_measured_once_and_cached(smol, kernel_cache, monkeypatch):
     assert entry["kernel"] == chosen.kernel
     assert chosen.kernel.startswith("c-")  # the batch-invariant engine wins here
     # only the compiled engine's variants are measured where it builds (no dequantized copy of the model)
-    compiled = {n for n, (_build, invariant) in K.CPU_CANDIDATES.items() if invariant}
+    compiled = {n for n, (_build, invariant) in K.CPU_CANDIDATES.items() if invariant} - K.OPT_IN
     assert set(entry["decode_ms"]) == set(entry["batch8_ms"]) == compiled
     score = entry["score"]
     # a candidate this CPU cannot run (e.g. c-avx512 on an AVX2 machine) has a problem and no score
@@ -188,7 +188,7 @@ def test_torch_paths_are_measured_against_the_reference_without_a_compiled_engin
     table = {**K.CPU_CANDIDATES, **{n: (unavailable(n), True) for n in ("c-avx512vnni", "c-avx2", "c-generic")}}
     monkeypatch.setattr(K, "CPU_CANDIDATES", table)
     trials = {r.name: r for r in K.measure(smol.transformer)}
-    assert set(trials) == set(table)
+    assert set(trials) == set(table) - K.OPT_IN
     assert all(trials[n].problem == f"no {n} here" for n in ("c-avx512vnni", "c-avx2", "c-generic"))
     assert trials["torch-dense"].error == 0.0 and trials["torch-dense"].agreement == 1.0
     assert trials["torch-int4-f32"].error is not None and trials["torch-int4-f32"].decode_ms is not None
@@ -293,3 +293,72 @@ def test_activation_quantizer_paths_give_the_same_bits():
     lib.sc_quantize_row(ctypes.c_void_p(x.ctypes.data), 32, ctypes.c_void_p(q.ctypes.data),
                         ctypes.c_void_p(d.ctypes.data), ctypes.c_void_p(s.ctypes.data), 0)
     assert q[:4].tolist() == [32767, 1, -1, 2] and d[0] == np.float32(1.0) and s[0] == 8 * (32767 + 1 - 1 + 2)
+
+
+@pytest.fixture(scope="module")
+def q8_isas():
+    isas = supported_isas(q8=True)
+    assert "generic-q8" in isas
+    return isas
+
+
+def test_8bit_activation_variants_give_the_same_bits_and_are_batch_invariant(engine_model, q8_isas):
+    """The 8-bit family (llama.cpp's activation numerics): every variant the same bits, any batch size the same
+    bits as one token at a time."""
+    name, model, t = engine_model
+    tokens = model.tokenize(TEXT[name] + OTHER)[:33]
+    engines = [t.with_engine(CEngine(t, isa), isa) for isa in q8_isas]
+    batch = [Context(e, 64).decode(tokens, outputs=[True] * len(tokens)) for e in engines]
+    for r in batch[1:]:
+        assert torch.equal(r, batch[0])
+    assert torch.equal(_alone(engines[-1], tokens, 64), batch[0])
+
+
+def test_8bit_activations_are_within_the_accuracy_bound(engine_model):
+    name, model, t = engine_model
+    tokens = model.tokenize(TEXT[name])
+    q8 = Context(t.with_engine(CEngine(t, "generic-q8"), "q8"), 256).decode(tokens, outputs=[True] * len(tokens))
+    ref = Context(t.dense(), 256).decode(tokens, outputs=[True] * len(tokens))
+    err = (q8 - ref).abs().max().item() / ref.abs().max().item()
+    assert 0.002 < err <= K.ACCURACY_BOUND  # coarser than the 16-bit kernels, as llama.cpp's
+    assert (q8.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.75
+
+
+def test_8bit_kernel_is_opt_in(smol, q8_isas):
+    """Measured on request (speed and accuracy), never picked by measurement; chosen by name."""
+    assert "c-avx2-q8" in K.OPT_IN
+    trials = [K.Trial("c-avx2-q8", 1.0, 0.05, invariant=True, score=1.0),
+              K.Trial("c-avx2", 2.0, 0.0, invariant=True, score=2.0)]
+    assert K.pick(trials).name == "c-avx2"
+    if "avx2-q8" in q8_isas:
+        assert K.choose_kernel(smol.transformer, "c-avx2-q8").kernel == "c-avx2-q8"
+
+
+def test_8bit_activation_quantizer_paths_give_the_same_bits():
+    """quantize_row8 (d = amax/127, ties away from zero, two sums per block) on AVX2 equals the generic code."""
+    import ctypes
+
+    from samplechain.runtime.cpu_engine import library
+
+    lib = library()
+    rng = np.random.default_rng(5)
+    rows = [rng.standard_normal(1024).astype(np.float32) * s for s in (1e-20, 1.0, 1e20)]
+    rows += [np.zeros(32, np.float32), np.float32([127.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 63.5] * 4)]
+    for x in rows:
+        out = []
+        for isa in (0, 1):
+            q, d, s = np.empty(x.size, np.int8), np.empty(x.size // 32, np.float32), np.empty(x.size // 16, np.int32)
+            rc = lib.sc_quantize_row8(ctypes.c_void_p(x.ctypes.data), x.size, ctypes.c_void_p(q.ctypes.data),
+                                      ctypes.c_void_p(d.ctypes.data), ctypes.c_void_p(s.ctypes.data), isa)
+            out.append((rc, q, d, s))
+        assert out[0][0] == 0
+        if out[1][0] != 0:
+            pytest.skip("no AVX2 on this CPU")
+        for a, b in zip(out[0][1:], out[1][1:], strict=True):
+            np.testing.assert_array_equal(a, b)
+    x = rows[-1]
+    q, d, s = np.empty(32, np.int8), np.empty(1, np.float32), np.empty(2, np.int32)
+    lib.sc_quantize_row8(ctypes.c_void_p(x.ctypes.data), 32, ctypes.c_void_p(q.ctypes.data),
+                         ctypes.c_void_p(d.ctypes.data), ctypes.c_void_p(s.ctypes.data), 0)
+    assert q[:8].tolist() == [127, 1, -1, 2, -2, 3, -3, 64] and d[0] == np.float32(1.0)
+    assert s.tolist() == [2 * (127 + 1 - 1 + 2 - 2 + 3 - 3 + 64)] * 2

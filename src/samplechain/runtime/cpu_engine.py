@@ -35,7 +35,9 @@ from samplechain.runtime.weights import ENGINE_TYPES, GROUP, Linear, Part
 TILE = 16
 F32, W4, W8, W5, W6, F16, BF16 = 0, 1, 2, 3, 4, 5, 6  # weight kinds
 SF32, SF16, SK = 0, 1, 2  # how an integer kind's scales are kept
-ISAS = {"generic": 0, "avx2": 1, "avx512vnni": 2}
+ISAS = {"generic": 0, "avx2": 1, "avx512vnni": 2}  # 16-bit activations: one family, the same bits
+Q8_ISAS = {"generic-q8": 3, "avx2-q8": 4}  # 8-bit activations (llama.cpp's numerics): their own family
+ALL_ISAS = {**ISAS, **Q8_ISAS}
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-fPIC", "-shared"]
 
 
@@ -125,10 +127,11 @@ def library() -> ctypes.CDLL:
     return _LIB
 
 
-def supported_isas() -> list[str]:
-    """The kernel variants this CPU can run (each is then timed; none is chosen from a flag alone)."""
+def supported_isas(q8: bool = False) -> list[str]:
+    """The kernel variants with 16-bit activations (``q8``: with 8-bit activations) this CPU can run (each is then
+    timed; none is chosen from a flag alone)."""
     lib = library()
-    return [name for name, code in ISAS.items() if lib.sc_isa_supported(code)]
+    return [name for name, code in (Q8_ISAS if q8 else ISAS).items() if lib.sc_isa_supported(code)]
 
 
 # --- weights in the engine's layouts ------------------------------------------------------------------------------
@@ -303,10 +306,10 @@ class CEngine:
     def __init__(self, transformer: Transformer, isa: str = "generic") -> None:
         if transformer.device.type != "cpu":
             raise EngineUnavailable("the C engine runs on the CPU")
-        if isa not in ISAS:
-            raise ValueError(f"unknown kernel variant {isa!r} (one of {', '.join(ISAS)})")
+        if isa not in ALL_ISAS:
+            raise ValueError(f"unknown kernel variant {isa!r} (one of {', '.join(ALL_ISAS)})")
         lib = library()
-        if not lib.sc_isa_supported(ISAS[isa]):
+        if not lib.sc_isa_supported(ALL_ISAS[isa]):
             raise EngineUnavailable(f"this CPU cannot run the {isa} kernels")
         self.isa, self._lib = isa, lib
         c = transformer.config
@@ -327,7 +330,7 @@ class CEngine:
             transformer.release_pages()  # the file's pages this layer was packed from leave our memory
         self._layers = layers
         self.model = CModel(c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.n_vocab,
-                            int(c.gelu), c.rms_eps, c.attn_scale, 0, ISAS[isa], layers,
+                            int(c.gelu), c.rms_eps, c.attn_scale, 0, ALL_ISAS[isa], layers,
                             _ptr(transformer.output_norm, k), output, c.attn_softcap, 0.0)
 
     @staticmethod
@@ -379,7 +382,7 @@ def linear_forward(lin: Linear, x: np.ndarray, isa: str = "generic") -> np.ndarr
     x = np.ascontiguousarray(x, dtype=np.float32)
     y = np.empty((x.shape[0], lin.shape[0]), dtype=np.float32)
     rc = library().sc_linear_forward(ctypes.byref(packed), x.shape[0], ctypes.c_void_p(x.ctypes.data),
-                                     ctypes.c_void_p(y.ctypes.data), ISAS[isa], torch.get_num_threads())
+                                     ctypes.c_void_p(y.ctypes.data), ALL_ISAS[isa], torch.get_num_threads())
     if rc != 0:
         raise MemoryError("the C engine could not allocate its work buffers")
     return y

@@ -39,7 +39,10 @@
 
 enum { SC_F32 = 0, SC_W4 = 1, SC_W8 = 2, SC_W5 = 3, SC_W6 = 4, SC_F16 = 5, SC_BF16 = 6 };
 enum { SC_SF32 = 0, SC_SF16 = 1, SC_SK = 2 };  /* how an integer kind's scales are stored */
-enum { SC_GENERIC = 0, SC_AVX2 = 1, SC_AVX512VNNI = 2 };
+enum { SC_GENERIC = 0, SC_AVX2 = 1, SC_AVX512VNNI = 2, SC_GENERIC_Q8 = 3, SC_AVX2_Q8 = 4 };
+/* the _Q8 variants quantize activations to 8 bits (llama.cpp's numerics): their own family of identical bits */
+static int is_q8(int isa) { return isa == SC_GENERIC_Q8 || isa == SC_AVX2_Q8; }
+static int base_isa(int isa) { return isa == SC_GENERIC_Q8 ? SC_GENERIC : isa == SC_AVX2_Q8 ? SC_AVX2 : isa; }
 #define QK_K 256
 
 typedef struct sc_linear {
@@ -155,6 +158,93 @@ static void quantize_row(const float *x, int n, int16_t *q, float *d, int32_t *s
     }
 #endif
     quantize_row_generic(x, n, q, d, s);
+}
+
+/* 8-bit activations: per 32-block d = amax/127, q = roundf(x * 127/amax) (llama.cpp's q8_0), and the sums of each
+   16-input half (s[2b], s[2b + 1]). The AVX2 code gives the same bits (as quantize_row_avx2). */
+static void quantize_row8_generic(const float *x, int n, int8_t *q, float *d, int32_t *s) {
+    for (int b = 0; b < n / QK; b++) {
+        const float *xb = x + b * QK;
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++) {
+            float a = fabsf(xb[j]);
+            amax = a > amax ? a : amax;
+        }
+        float db = amax / 127.0f;
+        float id = db != 0.0f ? 127.0f / amax : 0.0f;
+        int32_t sum[2] = {0, 0};
+        for (int j = 0; j < QK; j++) {
+            int v = (int)roundf(xb[j] * id);
+            v = v > 127 ? 127 : v < -127 ? -127 : v;
+            q[b * QK + j] = (int8_t)v;
+            sum[j >= 16] += v;
+        }
+        d[b] = db;
+        s[2 * b] = sum[0], s[2 * b + 1] = sum[1];
+    }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma,f16c")))
+static void quantize_row8_avx2(const float *x, int n, int8_t *q, float *d, int32_t *s) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+    const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
+    for (int b = 0; b < n / QK; b++) {
+        const float *xb = x + b * QK;
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(xb + 8 * i);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+        }
+        float mm[8], amax = 0.0f;
+        _mm256_storeu_ps(mm, m);
+        for (int i = 0; i < 8; i++) amax = mm[i] > amax ? mm[i] : amax;
+        float db = amax / 127.0f;
+        float id = db != 0.0f ? 127.0f / amax : 0.0f;
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i r[4];
+        for (int i = 0; i < 4; i++) {
+            __m256 y = _mm256_mul_ps(v[i], vid);
+            __m256 t = _mm256_round_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            __m256 away = _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_sub_ps(y, t)), half, _CMP_GE_OQ);
+            t = _mm256_add_ps(t, _mm256_and_ps(away, _mm256_or_ps(one, _mm256_and_ps(sign, y))));
+            r[i] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvttps_epi32(t), hi), lo);
+        }
+        __m256i w16a = _mm256_packs_epi32(r[0], r[1]), w16b = _mm256_packs_epi32(r[2], r[3]);
+        __m256i w8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w16a, w16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + b * QK), w8);
+        for (int h = 0; h < 2; h++) {
+            int32_t ss[8], total = 0;
+            _mm256_storeu_si256((__m256i *)ss, _mm256_add_epi32(r[2 * h], r[2 * h + 1]));
+            for (int i = 0; i < 8; i++) total += ss[i];
+            s[2 * b + h] = total;
+        }
+        d[b] = db;
+    }
+}
+#endif
+
+static void quantize_row8(const float *x, int n, int8_t *q, float *d, int32_t *s) {
+#if defined(__x86_64__)
+    if (sc_cpu_has_avx2()) {
+        quantize_row8_avx2(x, n, q, d, s);
+        return;
+    }
+#endif
+    quantize_row8_generic(x, n, q, d, s);
+}
+
+/* exposed for tests: one row quantized to 8 bits by the generic (0) or the AVX2 (1) code */
+int sc_quantize_row8(const float *x, int n, int8_t *q, float *d, int32_t *s, int isa) {
+#if defined(__x86_64__)
+    if (isa == SC_AVX2 && sc_cpu_has_avx2()) {
+        quantize_row8_avx2(x, n, q, d, s);
+        return 0;
+    }
+#endif
+    if (isa != SC_GENERIC) return -1;
+    quantize_row8_generic(x, n, q, d, s);
+    return 0;
 }
 
 /* exposed for tests: one row quantized by the generic (0) or the AVX2 (1) code; returns -1 where that cannot run */
@@ -298,6 +388,34 @@ static void tile_generic(const sc_linear *L, int t, const int16_t *xq, const flo
             for (int r = 0; r < TILE; r++) acc[r] = fmaf((float)isum[h][r], d[h][r] * xd[b], acc[r]);
         if (L->m) {
             float ms = xd[b] * (float)xs[b];
+            for (int r = 0; r < TILE; r++) acc[r] = fmaf(m[r], ms, acc[r]);
+        }
+    }
+    memcpy(out, acc, sizeof acc);
+}
+
+/* 8-bit activations, one tile x one token: a 16-input half's integer sum is exact in int32 whatever the order (the
+   AVX2 code sums u * x and takes zero * sum(x) off; the same integer), then the same float steps as tile_generic. */
+static void tile8_generic(const sc_linear *L, int t, const int8_t *xq, const float *xd, const int32_t *xs,
+                          float *out) {
+    int nb = L->n_in / QK, split = L->kind == SC_W6;
+    float acc[TILE] = {0};
+    for (int b = 0; b < nb; b++) {
+        int16_t w[8][TILE][4];
+        unpack_block(L, (size_t)t * nb + b, w);
+        const int8_t *x = xq + b * QK;
+        int32_t isum[2][TILE] = {{0}};
+        for (int s = 0; s < 8; s++) {
+            int h = split && s >= 4;
+            for (int r = 0; r < TILE; r++)
+                for (int i = 0; i < 4; i++) isum[h][r] += w[s][r][i] * x[4 * s + i];
+        }
+        float d[2][TILE], m[TILE];
+        block_scales(L, t, b, d, m);
+        for (int h = 0; h <= split; h++)
+            for (int r = 0; r < TILE; r++) acc[r] = fmaf((float)isum[h][r], d[h][r] * xd[b], acc[r]);
+        if (L->m) {
+            float ms = xd[b] * (float)(xs[2 * b] + xs[2 * b + 1]);
             for (int r = 0; r < TILE; r++) acc[r] = fmaf(m[r], ms, acc[r]);
         }
     }
@@ -534,6 +652,139 @@ static inline void tiles_avx2_kind(const sc_linear *L, int t, const int16_t *con
     }
 }
 
+/* 8-bit activations on AVX2, up to MULTI_AVX2 tokens (one: m = 1): a block's weights stay unsigned bytes (u, offset
+   not removed), extracted once per block for every token; vpmaddubsw multiplies 32 u x x byte pairs at a time, sums of
+   up to 4 products stay in int16 without saturating (4-bit: 8 x 2 x 15 x 127 < 2^15; 5-bit: 4 x 2 x 31 x 127; 6-bit:
+   2 x 2 x 63 x 127; Q8_0's signed weights use |w| and x with w's sign: 2 x 128 x 127), vpmaddwd with ones makes
+   int32 row sums (a lane per row: 8 rows per vector), then zero * sum(x) is taken off: exactly tile8_generic's
+   integers, and its float steps. */
+#define MULTI8 64  /* tokens per call */
+#define CHUNK8 8   /* blocks whose weights are extracted together */
+__attribute__((target("avx2,fma,f16c"), always_inline))
+static inline void tiles8_avx2_kind(const sc_linear *L, int t, const int8_t *const *xq, const float *const *xd,
+                                    const int32_t *const *xs, int m, float *const *out, const int kind) {
+    int nb = L->n_in / QK, zero = L->zero;
+    size_t bb = block_bytes(kind);
+    const __m256i nib = _mm256_set1_epi8(15), one8 = _mm256_set1_epi8(1), three = _mm256_set1_epi8(3);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[MULTI8][2];
+    for (int j = 0; j < m; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    /* a chunk of blocks: u[c][4k + 2e + rh] inputs 8k + 4e.., rows 8rh.. (W8: u[c][2k + rh]); scales d, m */
+    __m256i u[CHUNK8][16] __attribute__((aligned(32)));
+    __m256 dc[CHUNK8][2][2], mc[CHUNK8][2];
+    for (int b0 = 0; b0 < nb; b0 += CHUNK8) {
+        int nc = nb - b0 < CHUNK8 ? nb - b0 : CHUNK8;
+        for (int c = 0; c < nc; c++) {
+            const uint8_t *p = L->q + ((size_t)t * nb + b0 + c) * bb;
+            if (kind != SC_W8) {
+                for (int k = 0; k < 4; k++) {
+                    __m128i c0 = _mm_cvtsi32_si128(2 * k), c1 = _mm_cvtsi32_si128(2 * k + 1);
+                    __m128i c2 = _mm_cvtsi32_si128(4 * (k & 1)), c3 = _mm_cvtsi32_si128(4 * (k & 1) + 2);
+                    for (int rh = 0; rh < 2; rh++) {
+                        __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * k + 32 * rh));
+                        __m256i l = _mm256_and_si256(v, nib), hh = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                        if (kind == SC_W5) {
+                            __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 256 + 32 * rh));
+                            l = _mm256_or_si256(l, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, c0), one8), 4));
+                            hh = _mm256_or_si256(hh, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, c1), one8), 4));
+                        } else if (kind == SC_W6) {
+                            __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 256 + 64 * (k >> 1) + 32 * rh));
+                            l = _mm256_or_si256(l, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, c2), three), 4));
+                            hh = _mm256_or_si256(hh, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, c3), three), 4));
+                        }
+                        u[c][4 * k + rh] = l;
+                        u[c][4 * k + 2 + rh] = hh;
+                    }
+                }
+            } else {
+                for (int k = 0; k < 8; k++)
+                    for (int rh = 0; rh < 2; rh++)
+                        u[c][2 * k + rh] = _mm256_loadu_si256((const __m256i *)(p + 64 * k + 32 * rh));
+            }
+            mc[c][0] = mc[c][1] = _mm256_setzero_ps();
+            scales_avx2(L, t, b0 + c, dc[c], mc[c]);
+        }
+        for (int j = 0; j < m; j++) {
+            __m256 a[2] = {acc[j][0], acc[j][1]};
+            for (int c = 0; c < nc; c++) {
+                int b = b0 + c;
+                const int8_t *x = xq[j] + b * QK;
+                const int32_t *sx = xs[j] + 2 * b;
+                __m256 dx = _mm256_set1_ps(xd[j][b]);
+                __m256i isum[2][2];  /* [rh][16-input half (W6), else 0] */
+                if (kind == SC_W8) {
+                    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+                    for (int k = 0; k < 8; k++) {
+                        int32_t xv;
+                        memcpy(&xv, x + 4 * k, 4);
+                        __m256i xb = _mm256_set1_epi32(xv), w0 = u[c][2 * k], w1 = u[c][2 * k + 1];
+                        s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w0, w0),
+                                                                                         _mm256_sign_epi8(xb, w0)), ones));
+                        s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w1, w1),
+                                                                                         _mm256_sign_epi8(xb, w1)), ones));
+                        KEEP(s0); KEEP(s1);
+                    }
+                    isum[0][0] = s0, isum[1][0] = s1;
+                } else {
+                    __m256i p16[2][4];
+                    for (int k = 0; k < 4; k++) {
+                        int32_t xl, xh;
+                        memcpy(&xl, x + 8 * k, 4);
+                        memcpy(&xh, x + 8 * k + 4, 4);
+                        __m256i bl = _mm256_set1_epi32(xl), bh = _mm256_set1_epi32(xh);
+                        for (int rh = 0; rh < 2; rh++)
+                            p16[rh][k] = _mm256_add_epi16(_mm256_maddubs_epi16(u[c][4 * k + rh], bl),
+                                                          _mm256_maddubs_epi16(u[c][4 * k + 2 + rh], bh));
+                    }
+                    for (int rh = 0; rh < 2; rh++) {
+                        __m256i *q = p16[rh];
+                        if (kind == SC_W4) {
+                            isum[rh][0] = _mm256_madd_epi16(
+                                _mm256_add_epi16(_mm256_add_epi16(q[0], q[1]), _mm256_add_epi16(q[2], q[3])), ones);
+                        } else if (kind == SC_W5) {
+                            isum[rh][0] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(q[0], q[1]), ones),
+                                                           _mm256_madd_epi16(_mm256_add_epi16(q[2], q[3]), ones));
+                        } else {
+                            isum[rh][0] = _mm256_add_epi32(_mm256_madd_epi16(q[0], ones), _mm256_madd_epi16(q[1], ones));
+                            isum[rh][1] = _mm256_add_epi32(_mm256_madd_epi16(q[2], ones), _mm256_madd_epi16(q[3], ones));
+                        }
+                    }
+                }
+                __m256 ms = _mm256_set1_ps(xd[j][b] * (float)(sx[0] + sx[1]));
+                for (int rh = 0; rh < 2; rh++) {
+                    if (kind == SC_W6) {
+                        for (int h = 0; h < 2; h++) {
+                            __m256i is = _mm256_sub_epi32(isum[rh][h], _mm256_set1_epi32(zero * sx[h]));
+                            a[rh] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dc[c][h][rh], dx), a[rh]);
+                        }
+                    } else {
+                        __m256i is = zero ? _mm256_sub_epi32(isum[rh][0], _mm256_set1_epi32(zero * (sx[0] + sx[1])))
+                                          : isum[rh][0];
+                        a[rh] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dc[c][0][rh], dx), a[rh]);
+                    }
+                    if (L->m) a[rh] = _mm256_fmadd_ps(mc[c][rh], ms, a[rh]);
+                }
+            }
+            acc[j][0] = a[0], acc[j][1] = a[1];
+        }
+    }
+    for (int j = 0; j < m; j++) {
+        _mm256_storeu_ps(out[j], acc[j][0]);
+        _mm256_storeu_ps(out[j] + 8, acc[j][1]);
+    }
+}
+
+__attribute__((target("avx2,fma,f16c")))
+static void tiles8_avx2(const sc_linear *L, int t, const int8_t *const *xq, const float *const *xd,
+                        const int32_t *const *xs, int m, float *const *out) {
+    switch (L->kind) {
+    case SC_W4: tiles8_avx2_kind(L, t, xq, xd, xs, m, out, SC_W4); break;
+    case SC_W5: tiles8_avx2_kind(L, t, xq, xd, xs, m, out, SC_W5); break;
+    case SC_W6: tiles8_avx2_kind(L, t, xq, xd, xs, m, out, SC_W6); break;
+    default: tiles8_avx2_kind(L, t, xq, xd, xs, m, out, SC_W8); break;
+    }
+}
+
 __attribute__((target("avx2,fma,f16c")))
 static void tiles_avx2(const sc_linear *L, int t, const int16_t *const *xq, const float *const *xd,
                        const int32_t *const *xs, int m, float *const *out) {
@@ -685,10 +936,10 @@ int sc_isa_supported(int isa) {
     if (isa == SC_AVX512VNNI)
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma");
-    if (isa == SC_AVX2)
+    if (isa == SC_AVX2 || isa == SC_AVX2_Q8)
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #endif
-    return isa == SC_GENERIC;
+    return isa == SC_GENERIC || isa == SC_GENERIC_Q8;
 }
 
 /* Float weights (F32, F16, BF16 converted exactly), up to 4 tokens at once: each token keeps its own accumulators
@@ -785,7 +1036,7 @@ static f32_fn f32_kernel(int isa) {
 static void tile_rows(const sc_linear *L, int t, int n, const float *xf, const q16_rows *xq, float *y, int ld, int isa) {
     int nbq = L->n_in / QK;
     if (is_float_kind(L->kind)) {
-        f32_fn g = f32_kernel(isa);
+        f32_fn g = f32_kernel(base_isa(isa));
         for (int i = 0; i < n; i += F32_GROUP) {
             int m = n - i < F32_GROUP ? n - i : F32_GROUP;
             const float *xs[F32_GROUP];
@@ -796,6 +1047,32 @@ static void tile_rows(const sc_linear *L, int t, int n, const float *xf, const q
             }
             g(L, t, xs, m, outs);
         }
+        return;
+    }
+    if (is_q8(isa)) {  /* 8-bit activations: q holds n_in bytes per token, s two sums per block */
+        const int8_t *q8 = (const int8_t *)xq->q;
+#if defined(__x86_64__)
+        if (isa == SC_AVX2_Q8) {
+            for (int i = 0; i < n; i += MULTI8) {
+                int m = n - i < MULTI8 ? n - i : MULTI8;
+                const int8_t *q[MULTI8];
+                const float *dd[MULTI8];
+                const int32_t *ss[MULTI8];
+                float *o[MULTI8];
+                for (int j = 0; j < m; j++) {
+                    q[j] = q8 + (size_t)(i + j) * L->n_in;
+                    dd[j] = xq->d + (size_t)(i + j) * nbq;
+                    ss[j] = xq->s + (size_t)(i + j) * 2 * nbq;
+                    o[j] = y + (size_t)(i + j) * ld + t * TILE;
+                }
+                tiles8_avx2(L, t, q, dd, ss, m, o);
+            }
+            return;
+        }
+#endif
+        for (int i = 0; i < n; i++)
+            tile8_generic(L, t, q8 + (size_t)i * L->n_in, xq->d + (size_t)i * nbq, xq->s + (size_t)i * 2 * nbq,
+                          y + (size_t)i * ld + t * TILE);
         return;
     }
 #if defined(__x86_64__)
@@ -855,17 +1132,26 @@ static void matmul(const sc_linear *L, int n, const float *xf, const q16_rows *x
     }
 }
 
-static void quantize_rows(const float *x, int n, int n_in, q16_rows *out, int nt) {
+/* token i's row of x quantized into out: int16 (sums per block), or 8 bits (two sums per block) */
+static void quantize_one(const float *x, int i, int n_in, q16_rows *out, int q8) {
+    const float *xi = x + (size_t)i * n_in;
+    float *d = out->d + (size_t)i * (n_in / QK);
+    if (q8)
+        quantize_row8(xi, n_in, (int8_t *)out->q + (size_t)i * n_in, d, out->s + (size_t)i * 2 * (n_in / QK));
+    else
+        quantize_row(xi, n_in, out->q + (size_t)i * n_in, d, out->s + (size_t)i * (n_in / QK));
+}
+
+static void quantize_rows(const float *x, int n, int n_in, q16_rows *out, int nt, int q8) {
     out->n_in = n_in;
     #pragma omp parallel for schedule(static) num_threads(nt) if (n > 1)
     for (int i = 0; i < n; i++)
-        quantize_row(x + (size_t)i * n_in, n_in, out->q + (size_t)i * n_in, out->d + (size_t)i * (n_in / QK),
-                     out->s + (size_t)i * (n_in / QK));
+        quantize_one(x, i, n_in, out, q8);
 }
 
 /* y = L(x), quantizing x first when some of the weights are integers */
 static void linear(const sc_linear *L, int n, const float *x, q16_rows *scratch, float *y, int isa, int nt) {
-    if (chain_quantized(L)) quantize_rows(x, n, L->n_in, scratch, nt);
+    if (chain_quantized(L)) quantize_rows(x, n, L->n_in, scratch, nt, is_q8(isa));
     matmul(L, n, x, scratch, y, isa, nt);
 }
 
@@ -875,7 +1161,7 @@ int sc_linear_forward(const sc_linear *L, int n, const float *x, float *y, int i
     if (chain_quantized(L)) {
         q.q = malloc(sizeof(int16_t) * (size_t)n * L->n_in);
         q.d = malloc(sizeof(float) * (size_t)n * (L->n_in / QK));
-        q.s = malloc(sizeof(int32_t) * (size_t)n * (L->n_in / QK));
+        q.s = malloc(sizeof(int32_t) * (size_t)n * (L->n_in / 16));  /* 8-bit activations: two sums per block */
         if (!q.q || !q.d || !q.s) { free(q.q); free(q.d); free(q.s); return -1; }
     }
     linear(L, n, x, &q, y, isa, nt);
@@ -956,7 +1242,7 @@ int sc_forward(const sc_model *M, int n, float *x, const int64_t *cells, int n_k
     size_t big = (size_t)n * (qkv_n > 2 * F ? qkv_n : 2 * F);
     float *h = malloc(sizeof(float) * (size_t)n * mi), *t1 = malloc(sizeof(float) * big);
     float *t2 = malloc(sizeof(float) * (size_t)n * mi);
-    q16_rows q = {malloc(sizeof(int16_t) * (size_t)n * mi), malloc(sizeof(float) * (size_t)n * mi / QK), malloc(sizeof(int32_t) * (size_t)n * mi / QK), 0};
+    q16_rows q = {malloc(sizeof(int16_t) * (size_t)n * mi), malloc(sizeof(float) * (size_t)n * mi / QK), malloc(sizeof(int32_t) * (size_t)n * mi / 16), 0};
     int ok = h && t1 && t2 && q.q && q.d && q.s;
     for (int l = 0; ok && l < M->n_layer; l++) {
         const sc_layer *L = &M->layers[l];
