@@ -15,7 +15,7 @@ from samplechain.runtime.weights import Linear, Part, decode_blocks
 TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16"]
 BLOCK = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
          "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210), "F16": (1, 2), "BF16": (1, 2)}
-BATCHES = [1, 2, 5, 8, 16, 33]
+BATCHES = [1, 2, 5, 8, 16, 33, 64, 80]  # 64: a whole token group of the AVX2 kernels; 80 crosses it
 ROWS, N_IN = 48, 512
 
 
@@ -70,19 +70,21 @@ def fma32(a, b, c):
     return np.where(tie & toward_other, other, r).astype(np.float32)
 
 
-def quantize(x: np.ndarray):
-    """The engine's activations: per 32-block int16 q = round(x / d), d = amax / 32767 (roundf: half away from 0)."""
+def quantize(x: np.ndarray, qmax: int = 32767):
+    """The engine's activations: per 32-block q = round(x / d), d = amax / qmax (roundf: half away from 0); qmax
+    32767 (int16) or 127 (the 8-bit family)."""
     b = x.reshape(x.shape[0], -1, 32)
     amax = np.abs(b).max(-1)
-    d = amax / np.float32(32767)
-    inv = np.where(d != 0, np.float32(32767) / np.where(amax == 0, np.float32(1), amax), np.float32(0))
+    d = amax / np.float32(qmax)
+    inv = np.where(d != 0, np.float32(qmax) / np.where(amax == 0, np.float32(1), amax), np.float32(0))
     y = (b * inv[..., None].astype(np.float32)).astype(np.float64)
-    q = np.clip(np.sign(y) * np.floor(np.abs(y) + 0.5), -32767, 32767).astype(np.int64)
+    q = np.clip(np.sign(y) * np.floor(np.abs(y) + 0.5), -qmax, qmax).astype(np.int64)
     return q, d.astype(np.float32), q.sum(-1)
 
 
-def engine_definition(lin: Linear, x: np.ndarray) -> np.ndarray:
-    """y = x @ W.T as the engine defines it, in its float order, from the decoded blocks."""
+def engine_definition(lin: Linear, x: np.ndarray, qmax: int = 32767) -> np.ndarray:
+    """y = x @ W.T as the engine defines it, in its float order, from the decoded blocks (activations quantized to
+    ``qmax``)."""
     (part,) = lin.parts
     n = x.shape[0]
     if part.type_name in ("F16", "BF16"):
@@ -94,7 +96,7 @@ def engine_definition(lin: Linear, x: np.ndarray) -> np.ndarray:
     blk = part.blocks()
     wq = blk.u.astype(np.int64) - blk.zero
     scale, minimum = blk.scale(), blk.minimum()
-    xq, xd, xs = quantize(x)
+    xq, xd, xs = quantize(x, qmax)
     per = blk.group
     acc = np.zeros((n, part.rows), np.float32)
     for b in range(part.n_in // 32):
@@ -136,6 +138,25 @@ def test_engine_is_exact_and_invariant(kind):
     assert np.abs(want - exact).max() <= 2e-4 * np.abs(exact).max()
 
 
+@pytest.mark.parametrize("kind", [k for k in TYPES if k not in ("F16", "BF16")])
+def test_8bit_activation_engine_is_exact_and_invariant(kind):
+    """The 8-bit family (generic and AVX2) is its definition bit for bit at every batch size; its error against the
+    float64 product is llama.cpp's (8-bit activations), ~100x the 16-bit one's."""
+    lin = _linear(kind)
+    x = np.random.default_rng(1).standard_normal((max(BATCHES), N_IN)).astype(np.float32)
+    want = engine_definition(lin, x, qmax=127)
+    isas = supported_isas(q8=True)
+    assert "generic-q8" in isas
+    for isa in isas:
+        full = linear_forward(lin, x, isa)
+        np.testing.assert_array_equal(full, want, err_msg=f"{kind} on {isa}")
+        for n in BATCHES[:-1]:
+            np.testing.assert_array_equal(linear_forward(lin, x[:n], isa), full[:n], err_msg=f"{kind} {isa} n={n}")
+    w = _reference_weights(kind, lin.parts[0].raw, N_IN).astype(np.float64)
+    exact = x.astype(np.float64) @ w.T
+    assert 2e-4 * np.abs(exact).max() < np.abs(want - exact).max() <= 2e-2 * np.abs(exact).max()
+
+
 def test_chained_parts_equal_each_part_alone():
     """q|k|v-style fusion of different types: one chain of row ranges, each in its own form."""
     kinds = ["Q5_0", "Q8_0", "Q6_K", "F16", "Q4_K"]
@@ -143,7 +164,7 @@ def test_chained_parts_equal_each_part_alone():
     fused = Linear.concat(lins)
     assert fused.form == "+".join(sorted(kinds))
     x = np.random.default_rng(2).standard_normal((5, N_IN)).astype(np.float32)
-    for isa in supported_isas():
+    for isa in supported_isas() + supported_isas(q8=True):
         want = np.concatenate([linear_forward(lin, x, isa) for lin in lins], axis=1)
         np.testing.assert_array_equal(linear_forward(fused, x, isa), want)
     np.testing.assert_array_equal(fused.dense_weight().numpy(),

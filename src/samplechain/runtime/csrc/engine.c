@@ -558,7 +558,7 @@ static inline void tile_avx2_kind(const sc_linear *L, int t, const int16_t *xq, 
    across it into a wide tree of temporaries (which spills: 16 vector registers are all AVX2 has). */
 #define KEEP(v) __asm__("" : "+x"(v))
 
-/* A block's float step for two tokens' integer sums: rows 0-7 / 8-15 of s[c] (rows 4c..4c+3, each row's sum split over
+/* A block's float step for one token's integer sums: rows 0-7 / 8-15 of s[c] (rows 4c..4c+3, each row's sum split over
    two adjacent int32 lanes) as tile_avx2_kind does it. */
 __attribute__((target("avx2,fma,f16c"), always_inline))
 static inline void block_fma_avx2(__m256i s0, __m256i s1, __m256i s2, __m256i s3, __m256 d0, __m256 d1, __m256 dx,
@@ -569,81 +569,86 @@ static inline void block_fma_avx2(__m256i s0, __m256i s1, __m256i s2, __m256i s3
     acc[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r1), _mm256_mul_ps(d1, dx), acc[1]);
 }
 
-/* The same as tile_avx2_kind for up to MULTI_AVX2 tokens: a block's weights are widened to int16 once (kept in L1)
-   and used by every token, two tokens at a time with their 8 integer accumulators in registers (each weight vector is
-   loaded once per pair). Each token's integer sums (exact, whatever the order) and float operations are exactly those
-   of tile_avx2_kind. */
-#define MULTI_AVX2 8
+/* The same as tile_avx2_kind for up to MULTI_AVX2 tokens: the weights of a chunk of CHUNK16 blocks are widened to
+   int16 once (8 KB, kept in L1) and used by every token; a token's float accumulators stay in registers over the
+   chunk. Each token's integer sums (exact, whatever the order) and float operations are exactly those of
+   tile_avx2_kind. */
+#define MULTI_AVX2 64
+#define CHUNK16 8
 __attribute__((target("avx2,fma,f16c"), always_inline))
 static inline void tiles_avx2_kind(const sc_linear *L, int t, const int16_t *const *xq, const float *const *xd,
                                    const int32_t *const *xs, int m, float *const *out, const int kind) {
     int nb = L->n_in / QK, split = kind == SC_W6, zero = L->zero;
     size_t bb = block_bytes(kind);
-    __m256 acc[MULTI_AVX2 + 1][2];  /* the last: where an odd last token's twin goes */
-    for (int j = 0; j <= MULTI_AVX2; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    __m256 acc[MULTI_AVX2][2];
+    for (int j = 0; j < m; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
     const __m256i z = _mm256_set1_epi16((int16_t)L->zero);
-    __m256i w[32] __attribute__((aligned(32)));  /* W4/5/6: w[8k + 2c + e] inputs 8k + 4e.., rows 4c..; W8: w[4k + c] */
-    for (int b = 0; b < nb; b++) {
-        size_t blk = (size_t)t * nb + b;
-        if (kind != SC_W8) {
-            const uint8_t *p = L->q + blk * bb;
-            for (int k = 0; k < 4; k++)
-                for (int c = 0; c < 4; c++) widen_avx2(p, k, c, kind, zero, &w[8 * k + 2 * c], &w[8 * k + 2 * c + 1]);
-        } else {
-            const uint8_t *p = L->q + blk * 512;
-            for (int k = 0; k < 8; k++)
-                for (int c = 0; c < 4; c++) {
-                    __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 64 * k + 16 * c)));
-                    w[4 * k + c] = zero ? _mm256_sub_epi16(v, z) : v;
-                }
+    /* W4/5/6: w[c][8k + 2q + e] inputs 8k + 4e.., rows 4q..; W8: w[c][4k + q] */
+    __m256i w[CHUNK16][32] __attribute__((aligned(32)));
+    __m256 dc[CHUNK16][2][2], mc[CHUNK16][2];
+    for (int b0 = 0; b0 < nb; b0 += CHUNK16) {
+        int nc = nb - b0 < CHUNK16 ? nb - b0 : CHUNK16;
+        for (int c = 0; c < nc; c++) {
+            size_t blk = (size_t)t * nb + b0 + c;
+            if (kind != SC_W8) {
+                const uint8_t *p = L->q + blk * bb;
+                for (int k = 0; k < 4; k++)
+                    for (int q = 0; q < 4; q++)
+                        widen_avx2(p, k, q, kind, zero, &w[c][8 * k + 2 * q], &w[c][8 * k + 2 * q + 1]);
+            } else {
+                const uint8_t *p = L->q + blk * 512;
+                for (int k = 0; k < 8; k++)
+                    for (int q = 0; q < 4; q++) {
+                        __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 64 * k + 16 * q)));
+                        w[c][4 * k + q] = zero ? _mm256_sub_epi16(v, z) : v;
+                    }
+            }
+            mc[c][0] = mc[c][1] = _mm256_setzero_ps();
+            scales_avx2(L, t, b0 + c, dc[c], mc[c]);
         }
-        __m256 d[2][2], mv[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-        scales_avx2(L, t, b, d, mv);
-        for (int j = 0; j < m; j += 2) {
-            int j1 = j + 1 < m ? j + 1 : j, o1 = j + 1 < m ? j + 1 : MULTI_AVX2;  /* an odd last token: twice */
-            const int16_t *xa = xq[j] + b * QK, *xb = xq[j1] + b * QK;
-            __m256 dxa = _mm256_set1_ps(xd[j][b]), dxb = _mm256_set1_ps(xd[j1][b]);
-            for (int h = 0; h <= split; h++) {
-                __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-                if (kind != SC_W8) {
-                    for (int k = split ? 2 * h : 0; k < (split ? 2 * h + 2 : 4); k++) {
-                        const __m256i *wk = w + 8 * k;
-                        __m256i al = _mm256_set1_epi64x(x4(xa + 8 * k)), ah = _mm256_set1_epi64x(x4(xa + 8 * k + 4));
-                        __m256i bl = _mm256_set1_epi64x(x4(xb + 8 * k)), bh = _mm256_set1_epi64x(x4(xb + 8 * k + 4));
-#define SC_STEP(c, A, B)                                                                                     \
-    A = _mm256_add_epi32(A, _mm256_madd_epi16(wk[2 * c], al));                                               \
-    B = _mm256_add_epi32(B, _mm256_madd_epi16(wk[2 * c], bl));                                               \
-    A = _mm256_add_epi32(A, _mm256_madd_epi16(wk[2 * c + 1], ah));                                           \
-    B = _mm256_add_epi32(B, _mm256_madd_epi16(wk[2 * c + 1], bh));                                           \
-    KEEP(A); KEEP(B);
-                        SC_STEP(0, a0, b0) SC_STEP(1, a1, b1) SC_STEP(2, a2, b2) SC_STEP(3, a3, b3)
-#undef SC_STEP
+        for (int j = 0; j < m; j++) {
+            __m256 a[2] = {acc[j][0], acc[j][1]};
+            for (int c = 0; c < nc; c++) {
+                int b = b0 + c;
+                const int16_t *x = xq[j] + b * QK;
+                __m256 dx = _mm256_set1_ps(xd[j][b]);
+                for (int h = 0; h <= split; h++) {
+                    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+                    if (kind != SC_W8) {
+                        for (int k = split ? 2 * h : 0; k < (split ? 2 * h + 2 : 4); k++) {
+                            const __m256i *wk = w[c] + 8 * k;
+                            __m256i xl = _mm256_set1_epi64x(x4(x + 8 * k)), xh = _mm256_set1_epi64x(x4(x + 8 * k + 4));
+                            s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(wk[0], xl));
+                            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(wk[2], xl));
+                            s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(wk[4], xl));
+                            s3 = _mm256_add_epi32(s3, _mm256_madd_epi16(wk[6], xl));
+                            KEEP(s0); KEEP(s1); KEEP(s2); KEEP(s3);
+                            s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(wk[1], xh));
+                            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(wk[3], xh));
+                            s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(wk[5], xh));
+                            s3 = _mm256_add_epi32(s3, _mm256_madd_epi16(wk[7], xh));
+                            KEEP(s0); KEEP(s1); KEEP(s2); KEEP(s3);
+                        }
+                    } else {
+                        for (int k = 0; k < 8; k++) {
+                            const __m256i *wk = w[c] + 4 * k;
+                            __m256i xb = _mm256_set1_epi64x(x4(x + 4 * k));
+                            s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(wk[0], xb));
+                            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(wk[1], xb));
+                            s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(wk[2], xb));
+                            s3 = _mm256_add_epi32(s3, _mm256_madd_epi16(wk[3], xb));
+                            KEEP(s0); KEEP(s1); KEEP(s2); KEEP(s3);
+                        }
                     }
-                } else {
-                    for (int k = 0; k < 8; k++) {
-                        const __m256i *wk = w + 4 * k;
-                        __m256i xa4 = _mm256_set1_epi64x(x4(xa + 4 * k)), xb4 = _mm256_set1_epi64x(x4(xb + 4 * k));
-                        a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(wk[0], xa4));
-                        b0 = _mm256_add_epi32(b0, _mm256_madd_epi16(wk[0], xb4));
-                        a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(wk[1], xa4));
-                        b1 = _mm256_add_epi32(b1, _mm256_madd_epi16(wk[1], xb4));
-                        a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(wk[2], xa4));
-                        b2 = _mm256_add_epi32(b2, _mm256_madd_epi16(wk[2], xb4));
-                        a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(wk[3], xa4));
-                        b3 = _mm256_add_epi32(b3, _mm256_madd_epi16(wk[3], xb4));
-                        KEEP(a0); KEEP(a1); KEEP(a2); KEEP(a3); KEEP(b0); KEEP(b1); KEEP(b2); KEEP(b3);
-                    }
+                    block_fma_avx2(s0, s1, s2, s3, dc[c][h][0], dc[c][h][1], dx, a);
                 }
-                block_fma_avx2(a0, a1, a2, a3, d[h][0], d[h][1], dxa, acc[j]);
-                block_fma_avx2(b0, b1, b2, b3, d[h][0], d[h][1], dxb, acc[o1]);
+                if (L->m) {
+                    __m256 ms = _mm256_set1_ps(xd[j][b] * (float)xs[j][b]);
+                    a[0] = _mm256_fmadd_ps(mc[c][0], ms, a[0]);
+                    a[1] = _mm256_fmadd_ps(mc[c][1], ms, a[1]);
+                }
             }
-            if (L->m) {
-                __m256 msa = _mm256_set1_ps(xd[j][b] * (float)xs[j][b]), msb = _mm256_set1_ps(xd[j1][b] * (float)xs[j1][b]);
-                acc[j][0] = _mm256_fmadd_ps(mv[0], msa, acc[j][0]);
-                acc[j][1] = _mm256_fmadd_ps(mv[1], msa, acc[j][1]);
-                acc[o1][0] = _mm256_fmadd_ps(mv[0], msb, acc[o1][0]);
-                acc[o1][1] = _mm256_fmadd_ps(mv[1], msb, acc[o1][1]);
-            }
+            acc[j][0] = a[0], acc[j][1] = a[1];
         }
     }
     for (int j = 0; j < m; j++) {
