@@ -731,28 +731,29 @@ static inline void tiles8_avx2_kind(const sc_linear *L, int t, const int8_t *con
                     }
                     isum[0][0] = s0, isum[1][0] = s1;
                 } else {
-                    __m256i p16[2][4];
-                    for (int k = 0; k < 4; k++) {
-                        int32_t xl, xh;
-                        memcpy(&xl, x + 8 * k, 4);
-                        memcpy(&xh, x + 8 * k + 4, 4);
-                        __m256i bl = _mm256_set1_epi32(xl), bh = _mm256_set1_epi32(xh);
-                        for (int rh = 0; rh < 2; rh++)
-                            p16[rh][k] = _mm256_add_epi16(_mm256_maddubs_epi16(u[c][4 * k + rh], bl),
-                                                          _mm256_maddubs_epi16(u[c][4 * k + 2 + rh], bh));
-                    }
                     for (int rh = 0; rh < 2; rh++) {
-                        __m256i *q = p16[rh];
-                        if (kind == SC_W4) {
-                            isum[rh][0] = _mm256_madd_epi16(
-                                _mm256_add_epi16(_mm256_add_epi16(q[0], q[1]), _mm256_add_epi16(q[2], q[3])), ones);
-                        } else if (kind == SC_W5) {
-                            isum[rh][0] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(q[0], q[1]), ones),
-                                                           _mm256_madd_epi16(_mm256_add_epi16(q[2], q[3]), ones));
-                        } else {
-                            isum[rh][0] = _mm256_add_epi32(_mm256_madd_epi16(q[0], ones), _mm256_madd_epi16(q[1], ones));
-                            isum[rh][1] = _mm256_add_epi32(_mm256_madd_epi16(q[2], ones), _mm256_madd_epi16(q[3], ones));
+                        const __m256i *uc = u[c];
+                        __m256i a16 = _mm256_setzero_si256(), s32 = _mm256_setzero_si256();
+                        for (int k = 0; k < 4; k++) {
+                            int32_t xl, xh;
+                            memcpy(&xl, x + 8 * k, 4);
+                            memcpy(&xh, x + 8 * k + 4, 4);
+                            a16 = _mm256_add_epi16(a16, _mm256_maddubs_epi16(uc[4 * k + rh], _mm256_set1_epi32(xl)));
+                            KEEP(a16);
+                            a16 = _mm256_add_epi16(a16, _mm256_maddubs_epi16(uc[4 * k + 2 + rh], _mm256_set1_epi32(xh)));
+                            KEEP(a16);
+                            /* int16 partial sums stay within 2^15: W4 8 vpmaddubsw results, W5 4, W6 2 (see above) */
+                            int flush = kind == SC_W6 || (kind == SC_W5 && (k & 1)) || k == 3;
+                            if (flush) {
+                                s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(a16, ones));
+                                a16 = _mm256_setzero_si256();
+                                if (kind == SC_W6 && k == 1) {  /* the first 16-input half */
+                                    isum[rh][0] = s32;
+                                    s32 = _mm256_setzero_si256();
+                                }
+                            }
                         }
+                        isum[rh][kind == SC_W6] = s32;
                     }
                 }
                 __m256 ms = _mm256_set1_ps(xd[j][b] * (float)(sx[0] + sx[1]));
