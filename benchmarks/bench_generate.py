@@ -4,15 +4,39 @@ CPU (default): against llama.cpp (llama-cpp-python), 2 threads each, the same pr
 (llama.cpp's default chain, seed 1234). Decode is timed over ``--n`` generated tokens (EOS ignored); prompt
 processing over a ``--prompt-tokens`` batch. Also reported: the kernel the runtime chose (and every candidate's
 measured decode step), load time, sampling's share of a decode step, and whether logits are batch-invariant.
+
+Forward cost (CPU): the time of one forward of n = 1, 2, 4, 8, 16, 64 tokens in single-step units
+(time(n) / time(1)), ours and llama.cpp's, in the same run, measured alike: the same token ids on both sides; both
+after the same 64-token prefix already in the cache; only the last token's logits computed (llama.cpp's
+``Llama.eval`` default, ``logits_all=False``; ours ``Context.decode``'s default output, the last row); a context of
+the same size on both sides; one untimed forward of each n first, then the median of ``--forward-repeats`` timed
+ones. Ours: ``ctx.seq_rm(0, 64, -1)`` (untimed), then ``ctx.decode(tokens[64:64 + n])`` timed. llama.cpp:
+``llm.n_tokens = 64`` (``Llama.eval`` drops the cache cells past ``n_tokens`` itself, inside the timed call), then
+``llm.eval(tokens[64:64 + n])`` timed. Each side runs as one block (ours, then llama.cpp), so that neither's
+spinning worker threads share the two cores with the other's forwards. The table gives ms and steps on both sides
+and the speed ratio (llama.cpp's ms / ours: above 1, ours is faster). A second table, "verify shape", times the
+forward a speculative verification needs, every row's logits computed: ours ``outputs=[True] * n``, llama.cpp a
+second ``Llama`` with ``logits_all=True`` (its ``eval`` then also copies every row into ``Llama.scores``, as ours
+returns every row); its steps are in the same single-step unit (the last-row forward of 1 token).
+
+Thread (CPU): ``model.generate`` of ``--n`` tokens (EOS ignored) from the main thread and from a second,
+long-lived ``threading.Thread`` in the same process (as the server's engine thread), interleaved run by run
+(main, thread, main, thread, ...) after one untimed run on each; decode ms per token (forward + sampling), the
+median of ``--thread-repeats`` runs each, and the ratio thread / main (target: within 5 %).
+
 ``--device cuda``: single-stream decode (CUDA graphs and eager) and ``--batch`` sequences decoding together
 (aggregate tok/s), against transformers on the same GGUF and GPU (greedy, fp32).
-Run: ``make bench`` (installs llama-cpp-python), or ``python -m benchmarks.bench_generate --gemma``.
+Run: ``make bench`` (installs llama-cpp-python), or ``python -m benchmarks.bench_generate --gemma``;
+``--forward-only`` or ``--thread-only`` for just one table.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import queue
 import statistics
+import threading
 import time
 
 import numpy as np
@@ -24,6 +48,11 @@ from samplechain.runtime import kernels as K
 
 TEXT = ("The history of the ocean is the history of the planet: its currents carry heat from the equator to the "
         "poles, its depths store carbon for centuries, and its surface sets the weather of every continent. ")
+FORWARD_NS = (1, 2, 4, 8, 16, 64)
+PREFIX = 64  # tokens already in the cache before every timed forward
+FORWARD_CTX = 256  # cells of the context on both sides (PREFIX + the largest n fit)
+TARGET_STEPS = {8: 2.0, 64: 8.0}  # target: forward of n tokens <= this many single-token steps
+TARGET_THREAD = 0.05  # target: decode from a second thread within 5 % of the main thread
 
 
 def ours(name, prompt_tokens, n_decode, repeats):
@@ -101,11 +130,165 @@ def llama_decode_rate(llm, tokens, n_decode):
     return (n - 1) / (time.perf_counter() - t0)
 
 
+# --- forward cost -------------------------------------------------------------------------------------------------
+
+def _median_forward(run, repeats):
+    """{n: median seconds of ``run(n)``} for each n of FORWARD_NS, after one untimed ``run(n)``; ``run`` returns the
+    seconds it timed."""
+    res = {}
+    for n in FORWARD_NS:
+        run(n)
+        res[n] = statistics.median(run(n) for _ in range(repeats))
+    return res
+
+
+def forward_cost_ours(model, tokens, repeats):
+    """Ours: ({n: median s} with the last row's logits, {n: median s} with every row's) of one forward of n tokens
+    after the PREFIX already in the cache."""
+    ctx = Context(model.transformer, FORWARD_CTX)
+    ctx.decode(tokens[:PREFIX])
+
+    def run(n, every_row=False):
+        ctx.seq_rm(0, PREFIX, -1)
+        batch = tokens[PREFIX:PREFIX + n]
+        outputs = [True] * n if every_row else None
+        t0 = time.perf_counter()
+        ctx.decode(batch, outputs=outputs)
+        return time.perf_counter() - t0
+
+    return _median_forward(run, repeats), _median_forward(lambda n: run(n, True), repeats)
+
+
+def forward_cost_llama(path, tokens, repeats):
+    """llama.cpp: the same two dicts, ``Llama.eval`` of n tokens after the PREFIX (the every-row case on a second
+    ``Llama``, ``logits_all=True``)."""
+    import llama_cpp
+
+    from benchmarks import _llama
+
+    _llama.without_extra_bufts()
+    res = []
+    for logits_all in (False, True):
+        llm = llama_cpp.Llama(path, n_threads=2, n_threads_batch=2, n_ctx=FORWARD_CTX, n_batch=512,
+                              logits_all=logits_all, verbose=False)
+        llm.eval(tokens[:PREFIX])
+
+        def run(n, llm=llm):
+            llm.n_tokens = PREFIX  # eval drops the cache cells past n_tokens itself
+            batch = tokens[PREFIX:PREFIX + n]
+            t0 = time.perf_counter()
+            llm.eval(batch)
+            return time.perf_counter() - t0
+
+        res.append(_median_forward(run, repeats))
+        del llm
+    return res[0], res[1]
+
+
+def forward_table(name, model, tokens, repeats, with_llama=True):
+    """The forward-cost table of one model: ours as one block, then llama.cpp as one block."""
+    time.sleep(0.5)  # the previous section's worker threads go idle
+    last, every = forward_cost_ours(model, tokens, repeats)
+    l_last = l_every = None
+    if with_llama:
+        time.sleep(0.5)
+        l_last, l_every = forward_cost_llama(model_path(name), tokens, repeats)
+    unit = last[1]
+    print(f"\nforward cost, {name} (kernel {model.transformer.kernel}, 2 threads each): one forward of n tokens after "
+          f"a {PREFIX}-token prefix in the cache, the same token ids, median of {repeats}; steps = time(n) / "
+          f"time(1 token, last row); speed = llama.cpp ms / ours ms (> 1: ours faster)")
+    print(f"{'':<12} {'n':>3}  {'ours ms':>8} {'steps':>6} | {'llama.cpp ms':>12} {'steps':>6} | {'speed':>6}")
+    for title, ours_t, llama_t in (("last row", last, l_last), ("verify shape", every, l_every)):
+        for n in FORWARD_NS:
+            o = ours_t[n]
+            left = f"{title if n == 1 else '':<12} {n:3d}  {1e3 * o:8.2f} {o / unit:6.2f} |"
+            if llama_t is None:
+                print(f"{left} {'-':>12} {'-':>6} | {'-':>6}")
+            else:
+                ll = llama_t[n]
+                print(f"{left} {1e3 * ll:12.2f} {ll / l_last[1]:6.2f} | {ll / o:6.2f}")
+    print("  last row: only the last token's logits (Llama.eval's default, Context.decode's default); verify shape: "
+          "every row's logits (ours outputs=[True] * n, llama.cpp Llama(logits_all=True)), steps in the last-row "
+          "single-step unit")
+    for n, limit in TARGET_STEPS.items():
+        steps = last[n] / unit
+        print(f"  target: forward of {n} tokens <= {limit:.1f} steps (ours, last row): {steps:.2f}, "
+              f"{'met' if steps <= limit else 'NOT met'}")
+
+
+# --- decode from a second thread ----------------------------------------------------------------------------------
+
+def thread_decode(model, tokens, n_decode, repeats):
+    """Decode ms per token (forward + sampling) of ``model.generate`` from the main thread and from one long-lived
+    second thread, interleaved: (main runs, thread runs, torch threads seen by main, by the thread)."""
+    params = SamplingParams(seed=1234, ignore_eos=True)
+
+    def run():
+        for _ in model.generate(tokens[:8], params, n_predict=n_decode):
+            pass
+        t = model.timings
+        return t.eval_ms / t.n_eval + t.sample_ms / t.n_sample, torch.get_num_threads()
+
+    jobs, results = queue.Queue(), queue.Queue()
+
+    def worker():
+        while jobs.get():
+            try:
+                results.put(run())
+            except BaseException as e:  # re-raised in the main thread
+                results.put(e)
+
+    def in_thread():
+        jobs.put(True)
+        out = results.get()
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    th = threading.Thread(target=worker, name="bench-decode", daemon=True)
+    th.start()
+    try:
+        main_threads = run()[1]  # one untimed run on each
+        thread_threads = in_thread()[1]
+        main, other = [], []
+        for _ in range(repeats):
+            main.append(run()[0])
+            other.append(in_thread()[0])
+    finally:
+        jobs.put(False)
+        th.join(60)
+    return main, other, main_threads, thread_threads
+
+
+def thread_table(name, model, tokens, n_decode, repeats):
+    main, other, t_main, t_thread = thread_decode(model, tokens, n_decode, repeats)
+    m, o = statistics.median(main), statistics.median(other)
+    ratio = o / m
+    print(f"\ndecode from a second thread, {name}: {n_decode} tokens per run, main thread and a second thread "
+          f"interleaved, median of {repeats} runs each (ms per token, forward + sampling)")
+    for who, x, runs, nt in (("main thread", m, main, t_main), ("second thread", o, other, t_thread)):
+        print(f"  {who:<14} {x:7.2f} ms/token ({1e3 / x:6.1f} tok/s; torch threads {nt}; runs "
+              f"{', '.join(f'{r:.2f}' for r in runs)})")
+    print(f"  thread / main  {ratio:7.3f}; target: within {100 * TARGET_THREAD:.0f} %, "
+          f"{'met' if abs(ratio - 1) <= TARGET_THREAD else 'NOT met'}")
+
+
 def cpu(args):
     names = ["smollm2"] + (["gemma3-270m"] if args.gemma else [])
+    if args.forward_only or args.thread_only:
+        for name in names:
+            model = load_model(name, n_threads=2)
+            tokens = model.tokenize(TEXT * 40)
+            if args.forward_only:
+                forward_table(name, model, tokens, args.forward_repeats, not args.no_llama)
+            if args.thread_only:
+                thread_table(name, model, tokens, args.n, args.thread_repeats)
+        return
+    models = {}
     print(f"{'model':>12}  {'what':<22} {'ours':>9} {'llama.cpp':>10} {'ratio':>6}")
     for name in names:
         model, load_s, pp, tg, share, tokens = ours(name, args.prompt_tokens, args.n, args.repeats)
+        models[name] = model
         l_load, l_pp, l_tg = llama_cpp(model_path(name), tokens, args.n, args.repeats)
         print(f"{name:>12}  {'load s':<22} {load_s:9.2f} {l_load:10.2f} {load_s / l_load:6.2f}")
         print(f"{name:>12}  {'prompt tok/s':<22} {pp:9.1f} {l_pp:10.1f} {pp / l_pp:6.2f}")
@@ -116,6 +299,10 @@ def cpu(args):
         if args.candidates:
             trials = K.measure(model.transformer)
             print(K.report(trials, K.pick(trials).name))
+    for name, model in models.items():
+        tokens = model.tokenize(TEXT * 40)
+        forward_table(name, model, tokens, args.forward_repeats)
+        thread_table(name, model, tokens, args.n, args.thread_repeats)
 
 
 # --- CUDA ---------------------------------------------------------------------------------------------------------
@@ -161,7 +348,6 @@ def transformers_anchor(tokens, batch, n_decode):
         from transformers import AutoModelForCausalLM
     except ImportError:
         return None, None
-    import os
 
     folder, file = os.path.split(model_path("smollm2"))
     hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32).cuda().eval()
@@ -204,12 +390,24 @@ def main():
     parser.add_argument("--candidates", action="store_true", help="time every kernel candidate too")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--batch", type=int, default=64, help="sequences decoding together (cuda)")
+    parser.add_argument("--forward-repeats", type=int, default=15, help="timed forwards per n and side (median)")
+    parser.add_argument("--thread-repeats", type=int, default=5, help="runs per thread, main and second (median)")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--forward-only", action="store_true", help="only the forward-cost table (cpu)")
+    only.add_argument("--thread-only", action="store_true", help="only the second-thread decode table (cpu)")
+    parser.add_argument("--no-llama", action="store_true", help="--forward-only without llama.cpp's column")
     args = parser.parse_args()
+    if min(args.forward_repeats, args.thread_repeats, args.repeats) < 1:
+        parser.error("repeats must be at least 1")
     if args.device == "cuda":
         cuda(args)
     else:
         torch.set_num_threads(2)
+        load_before = os.getloadavg()[0]
         cpu(args)
+        print(f"\n1-minute load average of this machine ({os.cpu_count()} CPUs): {load_before:.2f} before the run, "
+              f"{os.getloadavg()[0]:.2f} after (it includes this benchmark's own load; another process on the cores "
+              f"makes every timing here meaningless)")
 
 
 if __name__ == "__main__":

@@ -4,12 +4,21 @@ Each server runs as a subprocess (its own process group, killed on exit) on a fr
 thread count and the same context per stream. Both are started up front (idle, they cost no CPU) and driven one at a
 time, level by level and repeat by repeat in alternating order, so that the shared machine's drifting load falls on
 both alike. Per level of concurrency, ``/v1/chat/completions`` with ``stream: true`` is sent by that many client
-threads at once (user prompts that no earlier request had, ``max_tokens`` each, EOS suppressed: ``ignore_eos`` for
-samplechain, ``min_tokens`` for llama-cpp-python; each server ignores the other's field), and the table reports total
-generated tokens/s (every stream's tokens / wall time of the level), time to first token p50/p95, errors (HTTP or
-transport failures, error events) and truncated streams (no finish_reason, or finish_reason "length" with fewer than
-``max_tokens`` tokens). Tokens are counted from ``usage`` where the server sends it (samplechain, with
-``stream_options.include_usage``), otherwise as content chunks (llama-cpp-python streams one chunk per token).
+threads at once, and the table reports total generated tokens/s (every stream's tokens / wall time of the level),
+time to first token p50/p95, errors (HTTP or transport failures, error events), truncated streams, tokens per stream,
+and the ratio samplechain / llama-cpp-python of total tokens/s.
+
+Fairness rule: both servers are driven identically. Every request carries the same fields on both sides: the same
+user prompt (each asks for a long answer, and no earlier request had it), the same sampling fields (llama.cpp's
+default chain spelled out), the same ``max_tokens``, the same seed per stream. Nothing that puts per-token Python work
+into either server's token loop is sent: no ``min_tokens`` (llama-cpp-python implements it as a Python logits
+processor in its token loop), no ``ignore_eos``, no ``logit_bias``, no grammar, no logprobs; EOS is allowed on both,
+so a stream may end with ``finish_reason`` "stop" before ``max_tokens`` (that is not a failure). Tokens are counted
+by one rule for both: each stream's completion text is re-tokenized with one tokenizer (samplechain's, of the same
+GGUF, ``tokenize(text, add_special=False, parse_special=False)``), and total tokens/s is the sum over streams / wall
+time. A stream is truncated when it ended without a finish_reason or ``[DONE]``, or with finish_reason "length" but
+fewer than ``max_tokens`` tokens by the server's own count (``usage.completion_tokens`` where the server sends it,
+samplechain with ``stream_options.include_usage``; otherwise content chunks, one per token in llama-cpp-python).
 
 llama-cpp-python's server runs one request at a time (a lock around its single ``Llama``); it is started with
 ``--interrupt_requests False``, since by default a waiting request cuts the running stream short. It is launched
@@ -18,7 +27,8 @@ through this module (``--serve-anchor``) so that the model loads with ``use_extr
 would be swallowed by its ``**kwargs``, so the default model parameters are patched instead.
 
 Also: single-stream decode rate through the server (tokens after the first / time after the first token, at
-concurrency 1) against the in-process runtime (``load_model().generate``, the same chat prompt and sampling,
+concurrency 1, by the server's own count) against the in-process runtime (``load_model().generate``, the same chat
+prompt and sampling, EOS allowed,
 decode + sampling time per token), interleaved run by run with the servers; the best runs are compared (the least
 disturbed by the shared machine), the medians shown beside them.
 Run: ``make bench``, or ``python -m benchmarks.bench_server [--levels 1,4,8,16] [--skip-anchor]``.
@@ -38,11 +48,14 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 TOPICS = ["the ocean", "volcanoes", "honeybees", "the moon", "bread", "trains", "glaciers", "owls", "chess",
           "rainforests", "bicycles", "lighthouses", "coffee", "deserts", "whales", "libraries"]
-PROMPTS = [f"Write a short essay about {topic}." for topic in TOPICS]
+# long answers: most streams run to max_tokens with EOS allowed
+PROMPTS = [f"Write a long, detailed essay about {topic}, at least ten paragraphs: its history, how it works, the "
+           f"people it matters to, and what may come next." for topic in TOPICS]
 # llama.cpp's default chain, spelled out so both servers sample alike
 SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0,
             "frequency_penalty": 0.0, "presence_penalty": 0.0}
@@ -171,9 +184,11 @@ class Stream:
     done: bool = False  # saw data: [DONE]
     error: str | None = None
     text: list[str] = field(default_factory=list)
+    counted: int = 0  # the completion text re-tokenized with the one tokenizer used for both servers
 
     @property
     def tokens(self) -> int:
+        """The server's own count: ``usage.completion_tokens`` where it sends it, else content chunks."""
         return self.usage_tokens if self.usage_tokens is not None else self.chunks
 
     def truncated(self, max_tokens: int) -> bool:
@@ -183,9 +198,9 @@ class Stream:
 
 
 def stream_chat(port: int, s: Stream, max_tokens: int, seed: int, timeout: float) -> None:
+    # the same body for both servers: no min_tokens, ignore_eos, logit_bias (see the module's fairness rule)
     body = {"messages": [{"role": "user", "content": s.prompt}], "stream": True, "max_tokens": max_tokens,
-            "ignore_eos": True, "min_tokens": max_tokens, "stream_options": {"include_usage": True}, "seed": seed,
-            **SAMPLING}
+            "stream_options": {"include_usage": True}, "seed": seed, **SAMPLING}
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         s.t_sent = time.perf_counter()
@@ -231,13 +246,19 @@ def stream_chat(port: int, s: Stream, max_tokens: int, seed: int, timeout: float
 @dataclass
 class Level:
     streams: int
-    rates: list[float] = field(default_factory=list)  # total tok/s, one per repeat
+    rates: list[float] = field(default_factory=list)  # total tok/s (the one tokenizer's count), one per repeat
     ttft: list[float] = field(default_factory=list)
     decode: list[float] = field(default_factory=list)  # per-stream decode tok/s (tokens after the first)
     errors: int = 0
     truncated: int = 0
-    stopped_early: int = 0  # finish_reason "stop" before max_tokens: not an error, fewer tokens counted
+    stopped_early: int = 0  # finish_reason "stop" before max_tokens (EOS): not an error, fewer tokens counted
     samples: list[str] = field(default_factory=list)
+    counted: list[int] = field(default_factory=list)  # per stream, the one tokenizer's count
+    own: list[int] = field(default_factory=list)  # per stream, the server's own count
+
+    @property
+    def per_stream(self) -> float:
+        return statistics.mean(self.counted) if self.counted else float("nan")
 
     @property
     def rate(self) -> float:
@@ -250,8 +271,10 @@ class Level:
         return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
-def run_level(port: int, level: Level, max_tokens: int, timeout: float, repeat: int) -> None:
-    """``level.streams`` streams started together, accumulated into ``level``."""
+def run_level(port: int, level: Level, max_tokens: int, timeout: float, repeat: int,
+              count_tokens: Callable[[str], int]) -> None:
+    """``level.streams`` streams started together, accumulated into ``level``; throughput counts each stream's
+    completion text with ``count_tokens`` (the same function for every server)."""
     n = level.streams
     streams = [Stream(prompt(i, n, repeat)) for i in range(n)]
     barrier = threading.Barrier(n + 1)
@@ -269,8 +292,14 @@ def run_level(port: int, level: Level, max_tokens: int, timeout: float, repeat: 
     for t in threads:
         t.join(timeout + 30)
     wall = max(s.t_end for s in streams) - t0
-    level.rates.append(sum(s.tokens for s in streams if s.error is None) / wall)
     for s in streams:
+        if s.error is None:
+            s.counted = count_tokens("".join(s.text))  # after the wall time: not part of it
+    level.rates.append(sum(s.counted for s in streams if s.error is None) / wall)
+    for s in streams:
+        if s.error is None:
+            level.counted.append(s.counted)
+            level.own.append(s.tokens)
         if s.error is not None:
             level.errors += 1
             if len(level.samples) < 3:
@@ -280,7 +309,7 @@ def run_level(port: int, level: Level, max_tokens: int, timeout: float, repeat: 
             level.truncated += 1
             if len(level.samples) < 3:
                 level.samples.append(f"truncated: finish={s.finish} done={s.done} tokens={s.tokens} "
-                                     f"(chunks {s.chunks})")
+                                     f"(chunks {s.chunks}, re-tokenized {s.counted})")
         elif s.finish == "stop" and s.tokens < max_tokens:
             level.stopped_early += 1
         if s.t_first is not None:
@@ -317,7 +346,7 @@ def bench_servers(servers: list[Server], levels: list[int], max_tokens: int, rep
                 if k == len(servers):
                     in_process.measure(prompt(0, 1, r), max_tokens)
                 else:
-                    run_level(servers[k].port, results[k]["levels"][n], max_tokens, timeout, r)
+                    run_level(servers[k].port, results[k]["levels"][n], max_tokens, timeout, r, in_process.count)
         print(f"# {n} streams: " + ", ".join(f"{s.name} {res['levels'][n].rate:.1f} tok/s"
                                              for s, res in zip(servers, results, strict=True)), flush=True)
     return results
@@ -334,7 +363,7 @@ class InProcess:
         from samplechain.runtime import load_model
 
         self.model = load_model(model_name, n_threads=threads)
-        self.params = SamplingParams(seed=42, ignore_eos=True, temperature=SAMPLING["temperature"],
+        self.params = SamplingParams(seed=42, temperature=SAMPLING["temperature"],
                                      top_k=SAMPLING["top_k"], top_p=SAMPLING["top_p"], min_p=SAMPLING["min_p"],
                                      repeat_penalty=1.0)
         self.rates: list[float] = []
@@ -349,28 +378,35 @@ class InProcess:
     def rate(self) -> float:
         return statistics.median(self.rates) if self.rates else float("nan")
 
+    def count(self, text: str) -> int:
+        """The one token count applied to both servers' completion texts."""
+        return len(self.model.tokenize(text, add_special=False, parse_special=False)) if text else 0
+
     def measure(self, text: str, max_tokens: int) -> None:
         for _ in self.model.generate(text, self.params, n_predict=max_tokens, chat=True):
             pass
         t = self.model.timings
-        self.rates.append(1e3 / (t.eval_ms / t.n_eval + t.sample_ms / t.n_sample))
+        if t.n_eval and t.n_sample:  # EOS allowed: a run that stopped at once has no decode step
+            self.rates.append(1e3 / (t.eval_ms / t.n_eval + t.sample_ms / t.n_sample))
 
 
 # --- report -------------------------------------------------------------------------------------------------------
 
 def _cell(lv: Level | None) -> str:
     if lv is None:
-        return f"{'-':>8} {'-':>14} {'-':>9}"
+        return f"{'-':>8} {'-':>14} {'-':>9} {'-':>7}"
     ttft = f"{lv.ttft_pct(0.5):.2f}/{lv.ttft_pct(0.95):.2f}"
-    return f"{lv.rate:8.1f} {ttft:>14} {f'{lv.errors}/{lv.truncated}':>9}"
+    return f"{lv.rate:8.1f} {ttft:>14} {f'{lv.errors}/{lv.truncated}':>9} {lv.per_stream:7.1f}"
 
 
 def report(ours: dict, anchor: dict | None, levels: list[int], args, in_process: InProcess) -> None:
-    print(f"\nSmolLM2-135M-Instruct Q4_1, {args.threads} threads each, max_tokens {args.max_tokens} (EOS suppressed), "
-          f"{args.repeats} runs per level ({args.single_repeats} at 1 stream), servers interleaved (tok/s: median "
-          f"of the runs; TTFT over all streams of all runs)")
-    print(f"{'':>7}  {'samplechain':^33} | {'llama-cpp-python':^33} |")
-    head = f"{'tok/s':>8} {'TTFT p50/p95 s':>14} {'err/trunc':>9}"
+    print(f"\nSmolLM2-135M-Instruct Q4_1, {args.threads} threads each, max_tokens {args.max_tokens}, EOS allowed on "
+          f"both, the same requests to both (no min_tokens / ignore_eos / logit_bias), {args.repeats} runs per level "
+          f"({args.single_repeats} at 1 stream), servers interleaved (tok/s: every stream's completion text "
+          f"re-tokenized with one tokenizer / wall time, median of the runs; TTFT over all streams of all runs; "
+          f"tok/str: mean tokens per stream)")
+    print(f"{'':>7}  {'samplechain':^41} | {'llama-cpp-python':^41} |")
+    head = f"{'tok/s':>8} {'TTFT p50/p95 s':>14} {'err/trunc':>9} {'tok/str':>7}"
     print(f"{'streams':>7}  {head} | {head} | {'ratio':>6}")
     for n in levels:
         lv = ours["levels"][n]
@@ -381,14 +417,18 @@ def report(ours: dict, anchor: dict | None, levels: list[int], args, in_process:
     for who, res in (("samplechain", ours), ("llama-cpp-python", anchor)):
         for n, lv in (res or {"levels": {}})["levels"].items():
             if lv.stopped_early:
-                notes.append(f"{who} {n} streams: {lv.stopped_early} stream(s) ended with 'stop' before max_tokens")
+                notes.append(f"{who} {n} streams: {lv.stopped_early} of {len(lv.counted)} stream(s) ended with "
+                             f"'stop' (EOS) before max_tokens")
+            if lv.own and sum(lv.own) != sum(lv.counted):
+                notes.append(f"{who} {n} streams: {sum(lv.counted)} tokens re-tokenized (counted), "
+                             f"{sum(lv.own)} by the server's own count")
             for sample in lv.samples:
                 notes.append(f"{who} {n} streams: {sample}")
     for line in notes:
         print(f"  note: {line}")
 
     single = ours["levels"].get(1)
-    if single and single.decode:
+    if single and single.decode and in_process.rates:
         # the best of the interleaved runs is the one least disturbed by the shared machine; the medians are shown too
         served, alone = max(single.decode), max(in_process.rates)
         delta = served / alone - 1
@@ -412,7 +452,7 @@ def report(ours: dict, anchor: dict | None, levels: list[int], args, in_process:
               f"{'met' if p95 < TARGET_TTFT_P95 else 'NOT met'}")
     bad = sum(x.errors + x.truncated for x in ours["levels"].values())
     print(f"  zero truncated or failed streams (samplechain, all levels): {bad}, {'met' if bad == 0 else 'NOT met'}")
-    if single and single.decode:
+    if single and single.decode and in_process.rates:
         print(f"  single-stream decode within {100 * TARGET_SINGLE:.0f} % of the in-process runtime (best runs): "
               f"{100 * delta:+.1f} %, {'met' if abs(delta) <= TARGET_SINGLE else 'NOT met'}")
 
