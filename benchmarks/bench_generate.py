@@ -45,6 +45,7 @@ import torch
 from samplechain import SamplingParams
 from samplechain.runtime import Context, load_model, model_path
 from samplechain.runtime import kernels as K
+from samplechain.runtime.cpu_engine import CEngine, supported_isas
 
 TEXT = ("The history of the ocean is the history of the planet: its currents carry heat from the equator to the "
         "poles, its depths store carbon for centuries, and its surface sets the weather of every continent. ")
@@ -142,10 +143,10 @@ def _median_forward(run, repeats):
     return res
 
 
-def forward_cost_ours(model, tokens, repeats):
+def forward_cost_ours(model, tokens, repeats, transformer=None):
     """Ours: ({n: median s} with the last row's logits, {n: median s} with every row's) of one forward of n tokens
-    after the PREFIX already in the cache."""
-    ctx = Context(model.transformer, FORWARD_CTX)
+    after the PREFIX already in the cache (``transformer``: the model on another kernel)."""
+    ctx = Context(transformer or model.transformer, FORWARD_CTX)
     ctx.decode(tokens[:PREFIX])
 
     def run(n, every_row=False):
@@ -189,6 +190,10 @@ def forward_table(name, model, tokens, repeats, with_llama=True):
     """The forward-cost table of one model: ours as one block, then llama.cpp as one block."""
     time.sleep(0.5)  # the previous section's worker threads go idle
     last, every = forward_cost_ours(model, tokens, repeats)
+    q8 = None
+    if "avx2-q8" in supported_isas(q8=True) and model.transformer.kernel.startswith("c-"):
+        t = model.transformer
+        q8 = forward_cost_ours(model, tokens, repeats, t.with_engine(CEngine(t, "avx2-q8"), "c-avx2-q8"))
     l_last = l_every = None
     if with_llama:
         time.sleep(0.5)
@@ -197,11 +202,16 @@ def forward_table(name, model, tokens, repeats, with_llama=True):
     print(f"\nforward cost, {name} (kernel {model.transformer.kernel}, 2 threads each): one forward of n tokens after "
           f"a {PREFIX}-token prefix in the cache, the same token ids, median of {repeats}; steps = time(n) / "
           f"time(1 token, last row); speed = llama.cpp ms / ours ms (> 1: ours faster)")
-    print(f"{'':<12} {'n':>3}  {'ours ms':>8} {'steps':>6} | {'llama.cpp ms':>12} {'steps':>6} | {'speed':>6}")
-    for title, ours_t, llama_t in (("last row", last, l_last), ("verify shape", every, l_every)):
+    print(f"{'':<12} {'n':>3}  {'ours ms':>8} {'steps':>6} | {'8-bit ms':>8} {'steps':>6} | {'llama.cpp ms':>12} "
+          f"{'steps':>6} | {'speed':>6}")
+    for i, (title, ours_t, llama_t) in enumerate((("last row", last, l_last), ("verify shape", every, l_every))):
         for n in FORWARD_NS:
             o = ours_t[n]
             left = f"{title if n == 1 else '':<12} {n:3d}  {1e3 * o:8.2f} {o / unit:6.2f} |"
+            if q8 is None:
+                left += f" {'-':>8} {'-':>6} |"
+            else:
+                left += f" {1e3 * q8[i][n]:8.2f} {q8[i][n] / q8[0][1]:6.2f} |"
             if llama_t is None:
                 print(f"{left} {'-':>12} {'-':>6} | {'-':>6}")
             else:
@@ -209,7 +219,8 @@ def forward_table(name, model, tokens, repeats, with_llama=True):
                 print(f"{left} {1e3 * ll:12.2f} {ll / l_last[1]:6.2f} | {ll / o:6.2f}")
     print("  last row: only the last token's logits (Llama.eval's default, Context.decode's default); verify shape: "
           "every row's logits (ours outputs=[True] * n, llama.cpp Llama(logits_all=True)), steps in the last-row "
-          "single-step unit")
+          "single-step unit; 8-bit: the opt-in c-avx2-q8 kernel (llama.cpp's activation numerics), its own unit; "
+          "speed: against ours on the chosen kernel")
     for n, limit in TARGET_STEPS.items():
         steps = last[n] / unit
         print(f"  target: forward of {n} tokens <= {limit:.1f} steps (ours, last row): {steps:.2f}, "
@@ -297,7 +308,7 @@ def cpu(args):
         print(f"{name:>12}  {'kernel':<22} {model.transformer.kernel:>9}")
         print(f"{name:>12}  {'batch-invariant':<22} {'yes' if invariant(model, tokens) else 'NO':>9}")
         if args.candidates:
-            trials = K.measure(model.transformer)
+            trials = K.measure(model.transformer, opt_in=True)  # with the 8-bit kernel's accuracy
             print(K.report(trials, K.pick(trials).name))
     for name, model in models.items():
         tokens = model.tokenize(TEXT * 40)

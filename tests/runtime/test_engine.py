@@ -65,6 +65,29 @@ def test_logits_are_batch_invariant(engine_model, batch):
     assert torch.equal(torch.stack(rows), alone)
 
 
+@pytest.fixture(scope="module")
+def long_alone(engine_model):
+    """70 tokens of text, each decoded alone (one forward per token) on the 16-bit and on the 8-bit kernels."""
+    name, model, t = engine_model
+    tokens = (model.tokenize(TEXT[name] + OTHER) * 4)[:70]
+    q8 = t.with_engine(CEngine(t, supported_isas(q8=True)[-1]), "c-q8")
+    return tokens, {"16-bit": (t, _alone(t, tokens, 128)), "8-bit": (q8, _alone(q8, tokens, 128))}
+
+
+@pytest.mark.parametrize("n", [2, 5, 8, 16, 33, 64])
+@pytest.mark.parametrize("family", ["16-bit", "8-bit"])
+def test_prompt_batches_of_any_size_are_bitwise_one_token_at_a_time(long_alone, n, family):
+    """A batch of n tokens (prompt chunks, verify batches) gives every row the bits of decoding one token at a time,
+    after a prefix in the cache (the multi-token kernels' token groups and weight chunks change nothing)."""
+    tokens, runs = long_alone
+    t, alone = runs[family]
+    ctx = Context(t, 128)
+    prefix = 70 - n
+    ctx.decode(tokens[:prefix], outputs=[False] * prefix)
+    got = ctx.decode(tokens[prefix:], outputs=[True] * n)
+    assert torch.equal(got, alone[prefix:])
+
+
 def test_split_batches_equal_one_batch(engine_model):
     name, model, t = engine_model
     tokens = model.tokenize(TEXT[name])
