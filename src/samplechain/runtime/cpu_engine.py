@@ -10,6 +10,11 @@ the same whether it is decoded alone, in a prompt batch, or beside other sequenc
 
 The library is compiled with the machine's C compiler into the user's cache directory on first use (``make setup``
 does it at install), with ``-march=native``: it is built for the machine it runs on, never downloaded.
+
+It runs on its own pool of persistent worker threads (pthreads), one per process, not OpenMP: libgomp gives each
+calling thread its own team, so decoding from a second thread (a web app's worker, a notebook's executor) once the
+main thread had decoded doubled the spinning threads and slowed every step. With the pool, any thread may call, at
+the same speed; calls from several threads at once take turns region by region. ``nt`` is torch's thread count.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ SF32, SF16, SK = 0, 1, 2  # how an integer kind's scales are kept
 ISAS = {"generic": 0, "avx2": 1, "avx512vnni": 2}  # 16-bit activations: one family, the same bits
 Q8_ISAS = {"generic-q8": 3, "avx2-q8": 4}  # 8-bit activations (llama.cpp's numerics): their own family
 ALL_ISAS = {**ISAS, **Q8_ISAS}
-CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-fPIC", "-shared"]
+CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-pthread", "-fPIC", "-shared"]
 
 
 class EngineUnavailable(RuntimeError):
@@ -123,6 +128,7 @@ def library() -> ctypes.CDLL:
         lib.sc_forward.restype = ctypes.c_int
         lib.sc_linear_forward.restype = ctypes.c_int
         lib.sc_isa_supported.restype = ctypes.c_int
+        lib.sc_pool_workers.restype = ctypes.c_int  # the worker pool's size (tests)
         _LIB = lib
     return _LIB
 

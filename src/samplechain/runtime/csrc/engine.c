@@ -24,15 +24,246 @@
    scheme with 16-bit instead of 8-bit activations, which keeps the logits ~100x closer to the dequantized model.
    A block's integer sums are exact in int32 (W6: per 16-input half: 16 * 32 * 32767 < 2^24, exact in float too);
    its float part is, per row: acc = fma(float(isum), d*xd, acc) [W6: then the second half's]; then, with minima,
-   acc = fma(m, xd*sum(q_x), acc). */
+   acc = fma(m, xd*sum(q_x), acc).
+   The _Q8 variants (opt-in) quantize activations to 8 bits instead (d = amax/127, llama.cpp's q8_0): their own family
+   of identical bits (generic and AVX2), with the same block structure and float steps.
+   Several tokens per call (prompt chunks, verify batches, server steps): the AVX2 kernels unpack a chunk of 8 blocks
+   of a tile once and run every token of the call over it; each token's sums and float steps are those of the token
+   alone, so the bits do not depend on the batch.
+
+   Threads: the engine's own pool of persistent workers (pthreads, below), not OpenMP. libgomp gives every thread
+   that opens a parallel region its own team of workers, so a decode from a second thread (a web app's worker, a
+   notebook's executor) after the main thread's started a second team: more threads spinning than CPUs, libgomp
+   throttling its spinning, every step slower (and torch brings its own libgomp copy with its own teams). The pool
+   is one per process whatever thread calls: the caller runs items as worker 0 beside nt - 1 pool workers, one
+   parallel region at a time (a mutex; a second calling thread waits for the region in progress). Each output
+   value is computed by exactly one item, whichever thread runs it, so the bits do not depend on the thread count
+   or on how the items were shared out. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <omp.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <time.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
+
+/* ---------------------------------------------------------------------------------------------------------------
+   the worker pool
+
+   parallel_for(n_items, nt, fn, ctx) runs fn(ctx, begin, end, worker) over [0, n_items) in chunks, taken by the
+   calling thread (worker 0) and up to nt - 1 pool workers (1, 2, ...), and returns when every item has run.
+   - Workers are created on first need (more later if a larger nt is asked) and live as long as the process.
+   - A worker waits for its next region by spinning on its own sequence number for SPIN_NS (a forward opens one
+     region per linear and per attention, hundreds per token, microseconds apart: a wake through the kernel for each
+     would cost more than the work), then blocks on its condition variable, so an idle process uses no CPU; the
+     caller signals only the workers that sleep.
+   - Chunks are claimed from one 64-bit word, the region's number (high half) and its next item (low half), by
+     compare-and-swap; the caller closes the region (next item CLOSED) once every item is done, before it writes the
+     next region's fields. A worker that comes late (asleep, or its CPU taken) finds the items taken or the region
+     closed, so the caller waits only for the chunks claimed, never for a worker to show up.
+   - Regions are serialized by a mutex: concurrent callers (ctypes releases the GIL) take turns region by region.
+   Which thread runs an item does not change what it computes, so the results do not depend on the split. */
+
+#define MAX_THREADS 256
+#define CLOSED 0xffffffffu
+/* How long an idle worker spins before it blocks: far longer than the gaps between a forward's regions (a few
+   microseconds in a decode step), shorter than the sampling between two steps (~0.7 ms for SmolLM2), where a spinning
+   worker would only take a CPU from Python. 20 us, 100 us and 1 ms gave the same speeds within the noise. A
+   region costs ~0.4 us of synchronization on 2 cores (a libgomp region: ~1.1 us). */
+#ifndef SPIN_NS
+#define SPIN_NS 100000
+#endif
+/* chunks of ~n / (nt * this) items: the share of a worker that is late or slow is taken up by the others */
+#ifndef CHUNKS_PER_THREAD
+#define CHUNKS_PER_THREAD 4
+#endif
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__)
+    _mm_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+typedef void (*range_fn)(void *ctx, int begin, int end, int worker);
+
+typedef struct {
+    _Alignas(64) uint32_t seq;  /* bumped by the region's caller to call this worker */
+    uint32_t sleeping;          /* 1 while the worker blocks, or is about to, on c */
+    pthread_mutex_t m;
+    pthread_cond_t c;
+} pool_slot;
+
+static struct {
+    pthread_mutex_t lock;       /* held for a whole region: one region at a time in the process */
+    int n_workers;              /* pool threads running (the caller is not one) */
+    pool_slot *slots[MAX_THREADS];
+    uint32_t region;            /* the current region's number */
+    /* the current region, written (under lock) before `claim` announces it */
+    range_fn fn;
+    void *ctx;
+    int n_items, chunk, n_threads;
+    _Alignas(64) uint64_t claim;  /* region << 32 | the first item not yet claimed (CLOSED: the region is over) */
+    _Alignas(64) int done;        /* items run */
+} pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .claim = CLOSED};
+
+#define LOAD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+#define STORE(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
+
+/* claim and run chunks of the current region until none is left */
+static void run_chunks(int worker) {
+    for (;;) {
+        uint64_t c = __atomic_load_n(&pool.claim, __ATOMIC_ACQUIRE);
+        range_fn fn = LOAD(pool.fn);
+        void *ctx = LOAD(pool.ctx);
+        uint32_t n = (uint32_t)LOAD(pool.n_items), chunk = (uint32_t)LOAD(pool.chunk), first = (uint32_t)c;
+        int nt = LOAD(pool.n_threads);
+        /* with the caller's release fence after it closes a region: if these fields are a later region's, c's
+           region was closed before, and the exchange below fails */
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (first >= n || worker >= nt) return;  /* if they are a later region's, the worker's post is coming */
+        uint32_t end = n - first < chunk ? n : first + chunk;
+        if (!__atomic_compare_exchange_n(&pool.claim, &c, (c >> 32 << 32) | end, 0, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_RELAXED))
+            continue;
+        /* claimed: the region cannot end before these items are counted done, so fn and ctx are its own */
+        fn(ctx, (int)first, (int)end, worker);
+        __atomic_fetch_add(&pool.done, (int)(end - first), __ATOMIC_RELEASE);
+    }
+}
+
+/* wait until s->seq differs from seen (spin, then block); returns it */
+static uint32_t slot_wait(pool_slot *s, uint32_t seen) {
+    uint64_t start = now_ns();
+    do {
+        for (int i = 0; i < 64; i++) {
+            uint32_t g = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
+            if (g != seen) return g;
+            cpu_relax();
+        }
+    } while (now_ns() - start < SPIN_NS);
+    uint32_t g;
+    pthread_mutex_lock(&s->m);
+    /* seq_cst store then load here, seq_cst store then load in slot_post: one of the two sees the other's store */
+    __atomic_store_n(&s->sleeping, 1, __ATOMIC_SEQ_CST);
+    while ((g = __atomic_load_n(&s->seq, __ATOMIC_SEQ_CST)) == seen) pthread_cond_wait(&s->c, &s->m);
+    __atomic_store_n(&s->sleeping, 0, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&s->m);
+    return g;
+}
+
+static void slot_post(pool_slot *s) {
+    __atomic_store_n(&s->seq, LOAD(s->seq) + 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&s->sleeping, __ATOMIC_SEQ_CST)) {
+        pthread_mutex_lock(&s->m);
+        pthread_cond_signal(&s->c);
+        pthread_mutex_unlock(&s->m);
+    }
+}
+
+typedef struct { pool_slot *slot; int id; } worker_arg;
+
+static void *pool_worker(void *p) {
+    worker_arg a = *(worker_arg *)p;
+    free(p);
+    for (uint32_t seen = 0;;) {
+        seen = slot_wait(a.slot, seen);
+        run_chunks(a.id);
+    }
+    return NULL;
+}
+
+/* a forked child has the parent's memory but none of its pool threads: it starts a pool of its own */
+static void pool_after_fork(void) {
+    pthread_mutex_init(&pool.lock, NULL);
+    pool.n_workers = 0;  /* the parent's slots are left behind */
+    pool.claim = CLOSED;
+}
+
+static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+static void pool_init(void) { pthread_atfork(NULL, NULL, pool_after_fork); }
+
+/* under pool.lock: start workers until there are n (fewer if the system refuses) */
+static void pool_grow(int n) {
+    if (pool.n_workers >= n) return;
+    pthread_once(&pool_once, pool_init);
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);  /* workers take no signals: the process's own threads do */
+    while (pool.n_workers < n) {
+        pool_slot *s = aligned_alloc(64, sizeof(pool_slot));
+        worker_arg *a = malloc(sizeof(worker_arg));
+        pthread_attr_t attr;
+        pthread_t t;
+        int ok = s && a && pthread_attr_init(&attr) == 0;
+        if (ok) {
+            memset(s, 0, sizeof *s);
+            pthread_mutex_init(&s->m, NULL);
+            pthread_cond_init(&s->c, NULL);
+            a->slot = s, a->id = pool.n_workers + 1;
+            pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+            ok = pthread_create(&t, &attr, pool_worker, a) == 0;
+            pthread_attr_destroy(&attr);
+        }
+        if (!ok) {
+            if (s) { pthread_mutex_destroy(&s->m); pthread_cond_destroy(&s->c); }
+            free(s); free(a);
+            break;
+        }
+        pool.slots[pool.n_workers++] = s;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+static void parallel_for(int n_items, int nt, range_fn fn, void *ctx) {
+    if (nt > n_items) nt = n_items;
+    if (nt > MAX_THREADS) nt = MAX_THREADS;
+    if (nt <= 1) {
+        if (n_items > 0) fn(ctx, 0, n_items, 0);
+        return;
+    }
+    pthread_mutex_lock(&pool.lock);
+    pool_grow(nt - 1);
+    if (nt > pool.n_workers + 1) nt = pool.n_workers + 1;
+    uint64_t region = ++pool.region;
+    STORE(pool.fn, fn), STORE(pool.ctx, ctx), STORE(pool.n_items, n_items), STORE(pool.n_threads, nt);
+    STORE(pool.chunk, (n_items + nt * CHUNKS_PER_THREAD - 1) / (nt * CHUNKS_PER_THREAD));
+    STORE(pool.done, 0);
+    __atomic_store_n(&pool.claim, region << 32, __ATOMIC_RELEASE);  /* announces the fields above */
+    for (int w = 1; w < nt; w++) slot_post(pool.slots[w - 1]);
+    run_chunks(0);
+    uint64_t start = 0;
+    for (int i = 0; __atomic_load_n(&pool.done, __ATOMIC_ACQUIRE) != n_items; i++) {  /* chunks still running */
+        cpu_relax();
+        if ((i & 255) == 255) {  /* a long wait: a worker's CPU is taken; offer ours */
+            uint64_t t = now_ns();
+            if (!start) start = t;
+            else if (t - start > 20000) sched_yield();
+        }
+    }
+    __atomic_store_n(&pool.claim, region << 32 | CLOSED, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);  /* the close comes before the next region's fields (see run_chunks) */
+    pthread_mutex_unlock(&pool.lock);
+}
+
+/* the pool's size, for tests */
+int sc_pool_workers(void) {
+    pthread_mutex_lock(&pool.lock);
+    int n = pool.n_workers;
+    pthread_mutex_unlock(&pool.lock);
+    return n;
+}
 
 #define QK 32
 #define TILE 16
@@ -1118,6 +1349,25 @@ static int chain_quantized(const sc_linear *L) {
 
 /* y[n, rows of the chain] = x[n, n_in] @ W.T: one parallel loop over the tiles of every segment (of up to 16 at a time) */
 #define MAX_CHAIN 16
+typedef struct {
+    const sc_linear *const *seg;
+    const int *first, *col;
+    int n, ld, isa;
+    const float *xf;
+    const q16_rows *xq;
+    float *y;
+} matmul_job;
+
+static void matmul_tiles(void *p, int begin, int end, int worker) {
+    const matmul_job *J = p;
+    (void)worker;
+    int s = 0;
+    for (int g = begin; g < end; g++) {
+        while (g >= J->first[s + 1]) s++;
+        tile_rows(J->seg[s], g - J->first[s], J->n, J->xf, J->xq, J->y + J->col[s], J->ld, J->isa);
+    }
+}
+
 static void matmul(const sc_linear *L, int n, const float *xf, const q16_rows *xq, float *y, int isa, int nt) {
     int ld = 0, off = 0;
     for (const sc_linear *s = L; s; s = s->next) ld += s->n_out;
@@ -1129,12 +1379,8 @@ static void matmul(const sc_linear *L, int n, const float *xf, const q16_rows *x
             seg[ns] = L, col[ns] = off, first[ns + 1] = first[ns] + L->n_out / TILE;
             off += L->n_out;
         }
-        #pragma omp parallel for schedule(static) num_threads(nt)
-        for (int g = 0; g < first[ns]; g++) {
-            int s = 0;
-            while (g >= first[s + 1]) s++;
-            tile_rows(seg[s], g - first[s], n, xf, xq, y + col[s], ld, isa);
-        }
+        matmul_job job = {seg, first, col, n, ld, isa, xf, xq, y};
+        parallel_for(first[ns], nt, matmul_tiles, &job);
     }
 }
 
@@ -1148,11 +1394,18 @@ static void quantize_one(const float *x, int i, int n_in, q16_rows *out, int q8)
         quantize_row(xi, n_in, out->q + (size_t)i * n_in, d, out->s + (size_t)i * (n_in / QK));
 }
 
+typedef struct { const float *x; int n_in; q16_rows *out; int q8; } quantize_job;
+
+static void quantize_range(void *p, int begin, int end, int worker) {
+    const quantize_job *J = p;
+    (void)worker;
+    for (int i = begin; i < end; i++) quantize_one(J->x, i, J->n_in, J->out, J->q8);
+}
+
 static void quantize_rows(const float *x, int n, int n_in, q16_rows *out, int nt, int q8) {
     out->n_in = n_in;
-    #pragma omp parallel for schedule(static) num_threads(nt) if (n > 1)
-    for (int i = 0; i < n; i++)
-        quantize_one(x, i, n_in, out, q8);
+    quantize_job job = {x, n_in, out, q8};
+    parallel_for(n, nt, quantize_range, &job);  /* one row: on the calling thread */
 }
 
 /* y = L(x), quantizing x first when some of the weights are integers */
@@ -1193,41 +1446,59 @@ static float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
-/* Attention of n query tokens over the first n_kv cells; mask[i * n_kv + j] says whether token i sees cell j. */
-static void attention(const sc_model *M, int n, const float *qkv, int stride, const float *kc, const float *vc, int n_kv,
-                      const uint8_t *mask, float *out, int nt) {
-    int H = M->n_head, Hkv = M->n_head_kv, hd = M->head_dim, group = H / Hkv;
-    #pragma omp parallel num_threads(nt) if (n * H > 1)
-    {
-        float *e = malloc(sizeof(float) * (n_kv > 0 ? n_kv : 1));
-        #pragma omp for schedule(static)
-        for (int ih = 0; ih < n * H; ih++) {
-            int i = ih / H, h = ih % H, g = h / group;
-            const float *q = qkv + (size_t)i * stride + h * hd;
-            const float *K = kc + (size_t)g * M->kv_size * hd, *V = vc + (size_t)g * M->kv_size * hd;
-            const uint8_t *mk = mask + (size_t)i * n_kv;
-            float *o = out + (size_t)i * H * hd + h * hd;
-            float mx = -INFINITY;
-            for (int j = 0; j < n_kv; j++) {
-                if (!mk[j]) continue;
-                e[j] = dot_f32(q, K + (size_t)j * hd, hd) * M->attn_scale;
-                if (M->attn_softcap != 0.0f) e[j] = tanhf(e[j] / M->attn_softcap) * M->attn_softcap;
-                mx = e[j] > mx ? e[j] : mx;
-            }
-            for (int d = 0; d < hd; d++) o[d] = 0.0f;
-            float sum = 0.0f;
-            for (int j = 0; j < n_kv; j++) {
-                if (!mk[j]) continue;
-                float p = expf(e[j] - mx);
-                sum += p;
-                const float *v = V + (size_t)j * hd;
-                for (int d = 0; d < hd; d++) o[d] += p * v[d];
-            }
-            float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-            for (int d = 0; d < hd; d++) o[d] *= inv;
+/* Attention of n query tokens over the first n_kv cells; mask[i * n_kv + j] says whether token i sees cell j.
+   Returns 0, or -1 (memory). */
+typedef struct {
+    const sc_model *M;
+    const float *qkv, *kc, *vc;
+    const uint8_t *mask;
+    float *out, *scratch;  /* scratch: n_kv scores per worker */
+    int stride, n_kv;
+} attention_job;
+
+static void attention_heads(void *p, int begin, int end, int worker) {
+    const attention_job *J = p;
+    const sc_model *M = J->M;
+    int H = M->n_head, Hkv = M->n_head_kv, hd = M->head_dim, group = H / Hkv, n_kv = J->n_kv;
+    float *e = J->scratch + (size_t)worker * (n_kv > 0 ? n_kv : 1);
+    for (int ih = begin; ih < end; ih++) {
+        int i = ih / H, h = ih % H, g = h / group;
+        const float *q = J->qkv + (size_t)i * J->stride + h * hd;
+        const float *K = J->kc + (size_t)g * M->kv_size * hd, *V = J->vc + (size_t)g * M->kv_size * hd;
+        const uint8_t *mk = J->mask + (size_t)i * n_kv;
+        float *o = J->out + (size_t)i * H * hd + h * hd;
+        float mx = -INFINITY;
+        for (int j = 0; j < n_kv; j++) {
+            if (!mk[j]) continue;
+            e[j] = dot_f32(q, K + (size_t)j * hd, hd) * M->attn_scale;
+            if (M->attn_softcap != 0.0f) e[j] = tanhf(e[j] / M->attn_softcap) * M->attn_softcap;
+            mx = e[j] > mx ? e[j] : mx;
         }
-        free(e);
+        for (int d = 0; d < hd; d++) o[d] = 0.0f;
+        float sum = 0.0f;
+        for (int j = 0; j < n_kv; j++) {
+            if (!mk[j]) continue;
+            float p = expf(e[j] - mx);
+            sum += p;
+            const float *v = V + (size_t)j * hd;
+            for (int d = 0; d < hd; d++) o[d] += p * v[d];
+        }
+        float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        for (int d = 0; d < hd; d++) o[d] *= inv;
     }
+}
+
+static int attention(const sc_model *M, int n, const float *qkv, int stride, const float *kc, const float *vc, int n_kv,
+                     const uint8_t *mask, float *out, int nt) {
+    int items = n * M->n_head;
+    if (nt > items) nt = items;
+    if (nt < 1) nt = 1;
+    float *scratch = malloc(sizeof(float) * (size_t)nt * (n_kv > 0 ? n_kv : 1));
+    if (!scratch) return -1;
+    attention_job job = {M, qkv, kc, vc, mask, out, scratch, stride, n_kv};
+    parallel_for(items, nt, attention_heads, &job);
+    free(scratch);
+    return 0;
 }
 
 static size_t max_in(const sc_model *M) {
@@ -1272,7 +1543,10 @@ int sc_forward(const sc_model *M, int n, float *x, const int64_t *cells, int n_k
                 memcpy(V + ((size_t)g * M->kv_size + cells[i]) * hd, r + qd + kd + g * hd, sizeof(float) * hd);
             }
         }
-        attention(M, n, t1, qkv_n, K, V, n_kv, mask, t2, nt);
+        if (attention(M, n, t1, qkv_n, K, V, n_kv, mask, t2, nt) != 0) {
+            ok = 0;
+            break;
+        }
         linear(&L->wo, n, t2, &q, h, M->isa, nt);
         for (int i = 0; i < n; i++) {
             float *o = h + (size_t)i * E, *xi = x + (size_t)i * E;
