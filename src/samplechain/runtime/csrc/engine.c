@@ -54,8 +54,9 @@
 /* ---------------------------------------------------------------------------------------------------------------
    the worker pool
 
-   parallel_for(n_items, nt, fn, ctx) runs fn(ctx, begin, end, worker) over [0, n_items) in chunks, taken by the
-   calling thread (worker 0) and up to nt - 1 pool workers (1, 2, ...), and returns when every item has run.
+   parallel_for(n_items, split, nt, fn, ctx) runs fn(ctx, begin, end, worker) over [0, n_items) in chunks of about
+   n_items / (nt * split) items, taken by the calling thread (worker 0) and up to nt - 1 pool workers (1, 2, ...),
+   and returns when every item has run.
    - Workers are created on first need (more later if a larger nt is asked) and live as long as the process.
    - A worker waits for its next region by spinning on its own sequence number for SPIN_NS (a forward opens one
      region per linear and per attention, hundreds per token, microseconds apart: a wake through the kernel for each
@@ -77,9 +78,15 @@
 #ifndef SPIN_NS
 #define SPIN_NS 100000
 #endif
-/* chunks of ~n / (nt * this) items: the share of a worker that is late or slow is taken up by the others */
-#ifndef CHUNKS_PER_THREAD
-#define CHUNKS_PER_THREAD 4
+/* Chunks per thread (split): SPLIT_BATCH when the items are large (a batch of tokens): a worker that is late or slow
+   leaves its chunks to the others; SPLIT_ONE for the small items of one token's step, where one chunk per thread
+   (each streams one contiguous range of weights, as with OpenMP's static schedule) decoded up to ~4% faster than
+   four; a worker that is late still leaves its chunk to the caller. */
+#ifndef SPLIT_BATCH
+#define SPLIT_BATCH 4
+#endif
+#ifndef SPLIT_ONE
+#define SPLIT_ONE 1
 #endif
 
 static inline void cpu_relax(void) {
@@ -226,7 +233,7 @@ static void pool_grow(int n) {
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
-static void parallel_for(int n_items, int nt, range_fn fn, void *ctx) {
+static void parallel_for(int n_items, int split, int nt, range_fn fn, void *ctx) {
     if (nt > n_items) nt = n_items;
     if (nt > MAX_THREADS) nt = MAX_THREADS;
     if (nt <= 1) {
@@ -238,7 +245,7 @@ static void parallel_for(int n_items, int nt, range_fn fn, void *ctx) {
     if (nt > pool.n_workers + 1) nt = pool.n_workers + 1;
     uint64_t region = ++pool.region;
     STORE(pool.fn, fn), STORE(pool.ctx, ctx), STORE(pool.n_items, n_items), STORE(pool.n_threads, nt);
-    STORE(pool.chunk, (n_items + nt * CHUNKS_PER_THREAD - 1) / (nt * CHUNKS_PER_THREAD));
+    STORE(pool.chunk, (n_items + nt * split - 1) / (nt * split));
     STORE(pool.done, 0);
     __atomic_store_n(&pool.claim, region << 32, __ATOMIC_RELEASE);  /* announces the fields above */
     for (int w = 1; w < nt; w++) slot_post(pool.slots[w - 1]);
@@ -1380,7 +1387,7 @@ static void matmul(const sc_linear *L, int n, const float *xf, const q16_rows *x
             off += L->n_out;
         }
         matmul_job job = {seg, first, col, n, ld, isa, xf, xq, y};
-        parallel_for(first[ns], nt, matmul_tiles, &job);
+        parallel_for(first[ns], n > 1 ? SPLIT_BATCH : SPLIT_ONE, nt, matmul_tiles, &job);
     }
 }
 
@@ -1405,7 +1412,7 @@ static void quantize_range(void *p, int begin, int end, int worker) {
 static void quantize_rows(const float *x, int n, int n_in, q16_rows *out, int nt, int q8) {
     out->n_in = n_in;
     quantize_job job = {x, n_in, out, q8};
-    parallel_for(n, nt, quantize_range, &job);  /* one row: on the calling thread */
+    parallel_for(n, SPLIT_BATCH, nt, quantize_range, &job);  /* one row: on the calling thread */
 }
 
 /* y = L(x), quantizing x first when some of the weights are integers */
@@ -1496,7 +1503,7 @@ static int attention(const sc_model *M, int n, const float *qkv, int stride, con
     float *scratch = malloc(sizeof(float) * (size_t)nt * (n_kv > 0 ? n_kv : 1));
     if (!scratch) return -1;
     attention_job job = {M, qkv, kc, vc, mask, out, scratch, stride, n_kv};
-    parallel_for(items, nt, attention_heads, &job);
+    parallel_for(items, n > 1 ? SPLIT_BATCH : SPLIT_ONE, nt, attention_heads, &job);
     free(scratch);
     return 0;
 }
