@@ -324,13 +324,16 @@ static int sc_cpu_has_avx2(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
-/* quantize_row_generic's results, bit for bit: max |x| is exact in any order, x * id is the same float product,
-   roundf's half-away-from-zero is trunc(v) + sign(v) where |v - trunc(v)| >= 0.5 (v - trunc(v) is exact), the sum
-   is exact in int32. */
+/* Activations, per 32-block: d = amax/qmax, q = roundf(x * qmax/amax) clamped to +-qmax. q8 = 0: int16 values
+   (qmax 32767) and one sum per block (s[b]); q8 = 1: int8 values (qmax 127, llama.cpp's q8_0) and the sums of the
+   two 16-input halves (s[2b], s[2b + 1]). The AVX2 code gives the generic code's bits: max |x| is exact in any
+   order, x * id is the same float product, roundf's half-away-from-zero is trunc(v) + sign(v) where
+   |v - trunc(v)| >= 0.5 (v - trunc(v) is exact), the sums are exact in int32. */
 __attribute__((target("avx2,fma,f16c")))
-static void quantize_row_avx2(const float *x, int n, int16_t *q, float *d, int32_t *s) {
+static void quantize_row_avx2(const float *x, int n, void *q, float *d, int32_t *s, int q8) {
+    const float qmax = q8 ? 127.0f : 32767.0f;
     const __m256 sign = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
-    const __m256i hi = _mm256_set1_epi32(32767), lo = _mm256_set1_epi32(-32767);
+    const __m256i hi = _mm256_set1_epi32((int)qmax), lo = _mm256_set1_epi32(-(int)qmax);
     for (int b = 0; b < n / QK; b++) {
         const float *xb = x + b * QK;
         __m256 v[4], m = _mm256_setzero_ps();
@@ -341,104 +344,8 @@ static void quantize_row_avx2(const float *x, int n, int16_t *q, float *d, int32
         float mm[8], amax = 0.0f;
         _mm256_storeu_ps(mm, m);
         for (int i = 0; i < 8; i++) amax = mm[i] > amax ? mm[i] : amax;
-        float db = amax / 32767.0f;
-        float id = db != 0.0f ? 32767.0f / amax : 0.0f;
-        __m256 vid = _mm256_set1_ps(id);
-        __m256i r[4], sum = _mm256_setzero_si256();
-        for (int i = 0; i < 4; i++) {
-            __m256 y = _mm256_mul_ps(v[i], vid);
-            __m256 t = _mm256_round_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-            __m256 away = _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_sub_ps(y, t)), half, _CMP_GE_OQ);
-            t = _mm256_add_ps(t, _mm256_and_ps(away, _mm256_or_ps(one, _mm256_and_ps(sign, y))));
-            r[i] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvttps_epi32(t), hi), lo);
-            sum = _mm256_add_epi32(sum, r[i]);
-        }
-        for (int i = 0; i < 2; i++)
-            _mm256_storeu_si256((__m256i *)(q + b * QK + 16 * i),
-                                _mm256_permute4x64_epi64(_mm256_packs_epi32(r[2 * i], r[2 * i + 1]), 0xD8));
-        int32_t ss[8], total = 0;
-        _mm256_storeu_si256((__m256i *)ss, sum);
-        for (int i = 0; i < 8; i++) total += ss[i];
-        d[b] = db;
-        s[b] = total;
-    }
-}
-#endif
-
-static void quantize_row_generic(const float *x, int n, int16_t *q, float *d, int32_t *s) {
-    for (int b = 0; b < n / QK; b++) {
-        const float *xb = x + b * QK;
-        float amax = 0.0f;
-        for (int j = 0; j < QK; j++) {
-            float a = fabsf(xb[j]);
-            amax = a > amax ? a : amax;
-        }
-        float db = amax / 32767.0f;
-        float id = db != 0.0f ? 32767.0f / amax : 0.0f;
-        int32_t sum = 0;
-        for (int j = 0; j < QK; j++) {
-            int v = (int)roundf(xb[j] * id);
-            v = v > 32767 ? 32767 : v < -32767 ? -32767 : v;
-            q[b * QK + j] = (int16_t)v;
-            sum += v;
-        }
-        d[b] = db;
-        s[b] = sum;
-    }
-}
-
-/* one row's 32-blocks quantized to int16 (scales d, sums s): the same bits on every path */
-static void quantize_row(const float *x, int n, int16_t *q, float *d, int32_t *s) {
-#if defined(__x86_64__)
-    if (sc_cpu_has_avx2()) {
-        quantize_row_avx2(x, n, q, d, s);
-        return;
-    }
-#endif
-    quantize_row_generic(x, n, q, d, s);
-}
-
-/* 8-bit activations: per 32-block d = amax/127, q = roundf(x * 127/amax) (llama.cpp's q8_0), and the sums of each
-   16-input half (s[2b], s[2b + 1]). The AVX2 code gives the same bits (as quantize_row_avx2). */
-static void quantize_row8_generic(const float *x, int n, int8_t *q, float *d, int32_t *s) {
-    for (int b = 0; b < n / QK; b++) {
-        const float *xb = x + b * QK;
-        float amax = 0.0f;
-        for (int j = 0; j < QK; j++) {
-            float a = fabsf(xb[j]);
-            amax = a > amax ? a : amax;
-        }
-        float db = amax / 127.0f;
-        float id = db != 0.0f ? 127.0f / amax : 0.0f;
-        int32_t sum[2] = {0, 0};
-        for (int j = 0; j < QK; j++) {
-            int v = (int)roundf(xb[j] * id);
-            v = v > 127 ? 127 : v < -127 ? -127 : v;
-            q[b * QK + j] = (int8_t)v;
-            sum[j >= 16] += v;
-        }
-        d[b] = db;
-        s[2 * b] = sum[0], s[2 * b + 1] = sum[1];
-    }
-}
-
-#if defined(__x86_64__)
-__attribute__((target("avx2,fma,f16c")))
-static void quantize_row8_avx2(const float *x, int n, int8_t *q, float *d, int32_t *s) {
-    const __m256 sign = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
-    const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
-    for (int b = 0; b < n / QK; b++) {
-        const float *xb = x + b * QK;
-        __m256 v[4], m = _mm256_setzero_ps();
-        for (int i = 0; i < 4; i++) {
-            v[i] = _mm256_loadu_ps(xb + 8 * i);
-            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
-        }
-        float mm[8], amax = 0.0f;
-        _mm256_storeu_ps(mm, m);
-        for (int i = 0; i < 8; i++) amax = mm[i] > amax ? mm[i] : amax;
-        float db = amax / 127.0f;
-        float id = db != 0.0f ? 127.0f / amax : 0.0f;
+        float db = amax / qmax;
+        float id = db != 0.0f ? qmax / amax : 0.0f;
         __m256 vid = _mm256_set1_ps(id);
         __m256i r[4];
         for (int i = 0; i < 4; i++) {
@@ -448,54 +355,92 @@ static void quantize_row8_avx2(const float *x, int n, int8_t *q, float *d, int32
             t = _mm256_add_ps(t, _mm256_and_ps(away, _mm256_or_ps(one, _mm256_and_ps(sign, y))));
             r[i] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvttps_epi32(t), hi), lo);
         }
-        __m256i w16a = _mm256_packs_epi32(r[0], r[1]), w16b = _mm256_packs_epi32(r[2], r[3]);
-        __m256i w8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w16a, w16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256((__m256i *)(q + b * QK), w8);
+        __m256i w16a = _mm256_packs_epi32(r[0], r[1]), w16b = _mm256_packs_epi32(r[2], r[3]);  /* lanes interleaved */
+        if (q8) {
+            __m256i w8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w16a, w16b),
+                                                     _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)((int8_t *)q + b * QK), w8);
+        } else {
+            _mm256_storeu_si256((__m256i *)((int16_t *)q + b * QK), _mm256_permute4x64_epi64(w16a, 0xD8));
+            _mm256_storeu_si256((__m256i *)((int16_t *)q + b * QK + 16), _mm256_permute4x64_epi64(w16b, 0xD8));
+        }
+        int32_t half_sum[2];
         for (int h = 0; h < 2; h++) {
             int32_t ss[8], total = 0;
             _mm256_storeu_si256((__m256i *)ss, _mm256_add_epi32(r[2 * h], r[2 * h + 1]));
             for (int i = 0; i < 8; i++) total += ss[i];
-            s[2 * b + h] = total;
+            half_sum[h] = total;
         }
+        if (q8)
+            s[2 * b] = half_sum[0], s[2 * b + 1] = half_sum[1];
+        else
+            s[b] = half_sum[0] + half_sum[1];
         d[b] = db;
     }
 }
 #endif
 
-static void quantize_row8(const float *x, int n, int8_t *q, float *d, int32_t *s) {
+static void quantize_row_generic(const float *x, int n, void *q, float *d, int32_t *s, int q8) {
+    const float qmax = q8 ? 127.0f : 32767.0f;
+    const int lim = (int)qmax;
+    for (int b = 0; b < n / QK; b++) {
+        const float *xb = x + b * QK;
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++) {
+            float a = fabsf(xb[j]);
+            amax = a > amax ? a : amax;
+        }
+        float db = amax / qmax;
+        float id = db != 0.0f ? qmax / amax : 0.0f;
+        int32_t sum[2] = {0, 0};
+        for (int j = 0; j < QK; j++) {
+            int v = (int)roundf(xb[j] * id);
+            v = v > lim ? lim : v < -lim ? -lim : v;
+            if (q8)
+                ((int8_t *)q)[b * QK + j] = (int8_t)v;
+            else
+                ((int16_t *)q)[b * QK + j] = (int16_t)v;
+            sum[j >= 16] += v;
+        }
+        d[b] = db;
+        if (q8)
+            s[2 * b] = sum[0], s[2 * b + 1] = sum[1];
+        else
+            s[b] = sum[0] + sum[1];
+    }
+}
+
+/* one row's 32-blocks quantized (see above): the same bits on every path */
+static void quantize_row_any(const float *x, int n, void *q, float *d, int32_t *s, int q8) {
 #if defined(__x86_64__)
     if (sc_cpu_has_avx2()) {
-        quantize_row8_avx2(x, n, q, d, s);
+        quantize_row_avx2(x, n, q, d, s, q8);
         return;
     }
 #endif
-    quantize_row8_generic(x, n, q, d, s);
+    quantize_row_generic(x, n, q, d, s, q8);
 }
 
-/* exposed for tests: one row quantized to 8 bits by the generic (0) or the AVX2 (1) code */
-int sc_quantize_row8(const float *x, int n, int8_t *q, float *d, int32_t *s, int isa) {
+/* exposed for tests: one row quantized (q8: to 8 bits) by the generic (0) or the AVX2 (1) code; -1 where that
+   cannot run */
+static int quantize_row_isa(const float *x, int n, void *q, float *d, int32_t *s, int isa, int q8) {
 #if defined(__x86_64__)
     if (isa == SC_AVX2 && sc_cpu_has_avx2()) {
-        quantize_row8_avx2(x, n, q, d, s);
+        quantize_row_avx2(x, n, q, d, s, q8);
         return 0;
     }
 #endif
     if (isa != SC_GENERIC) return -1;
-    quantize_row8_generic(x, n, q, d, s);
+    quantize_row_generic(x, n, q, d, s, q8);
     return 0;
 }
 
-/* exposed for tests: one row quantized by the generic (0) or the AVX2 (1) code; returns -1 where that cannot run */
 int sc_quantize_row(const float *x, int n, int16_t *q, float *d, int32_t *s, int isa) {
-#if defined(__x86_64__)
-    if (isa == SC_AVX2 && sc_cpu_has_avx2()) {
-        quantize_row_avx2(x, n, q, d, s);
-        return 0;
-    }
-#endif
-    if (isa != SC_GENERIC) return -1;
-    quantize_row_generic(x, n, q, d, s);
-    return 0;
+    return quantize_row_isa(x, n, q, d, s, isa, 0);
+}
+
+int sc_quantize_row8(const float *x, int n, int8_t *q, float *d, int32_t *s, int isa) {
+    return quantize_row_isa(x, n, q, d, s, isa, 1);
 }
 
 static float lanes_sum16(const float *acc) {
@@ -606,14 +551,16 @@ static void unpack_block(const sc_linear *L, size_t blk, int16_t w[8][TILE][4]) 
             }
 }
 
-static void tile_generic(const sc_linear *L, int t, const int16_t *xq, const float *xd, const int32_t *xs,
-                         float *out) {
+/* one tile x one token, activations int16 (q8 = 0: a sum per block) or int8 (q8 = 1: a sum per 16-input half) */
+static void tile_generic_any(const sc_linear *L, int t, const void *xq, int q8, const float *xd, const int32_t *xs,
+                             float *out) {
     int nb = L->n_in / QK, split = L->kind == SC_W6;
     float acc[TILE] = {0};
     for (int b = 0; b < nb; b++) {
         int16_t w[8][TILE][4];
         unpack_block(L, (size_t)t * nb + b, w);
-        const int16_t *x = xq + b * QK;
+        int16_t x[QK];
+        for (int i = 0; i < QK; i++) x[i] = q8 ? ((const int8_t *)xq)[b * QK + i] : ((const int16_t *)xq)[b * QK + i];
         int32_t isum[2][TILE] = {{0}};
         for (int s = 0; s < 8; s++) {
             int h = split && s >= 4;
@@ -625,39 +572,23 @@ static void tile_generic(const sc_linear *L, int t, const int16_t *xq, const flo
         for (int h = 0; h <= split; h++)
             for (int r = 0; r < TILE; r++) acc[r] = fmaf((float)isum[h][r], d[h][r] * xd[b], acc[r]);
         if (L->m) {
-            float ms = xd[b] * (float)xs[b];
+            float ms = xd[b] * (float)(q8 ? xs[2 * b] + xs[2 * b + 1] : xs[b]);
             for (int r = 0; r < TILE; r++) acc[r] = fmaf(m[r], ms, acc[r]);
         }
     }
     memcpy(out, acc, sizeof acc);
 }
 
-/* 8-bit activations, one tile x one token: a 16-input half's integer sum is exact in int32 whatever the order (the
-   AVX2 code sums u * x and takes zero * sum(x) off; the same integer), then the same float steps as tile_generic. */
+static void tile_generic(const sc_linear *L, int t, const int16_t *xq, const float *xd, const int32_t *xs,
+                         float *out) {
+    tile_generic_any(L, t, xq, 0, xd, xs, out);
+}
+
+/* 8-bit activations: a 16-input half's integer sum is exact in int32 whatever the order (the AVX2 code sums u * x and
+   takes zero * sum(x) off; the same integer), then the same float steps as tile_generic. */
 static void tile8_generic(const sc_linear *L, int t, const int8_t *xq, const float *xd, const int32_t *xs,
                           float *out) {
-    int nb = L->n_in / QK, split = L->kind == SC_W6;
-    float acc[TILE] = {0};
-    for (int b = 0; b < nb; b++) {
-        int16_t w[8][TILE][4];
-        unpack_block(L, (size_t)t * nb + b, w);
-        const int8_t *x = xq + b * QK;
-        int32_t isum[2][TILE] = {{0}};
-        for (int s = 0; s < 8; s++) {
-            int h = split && s >= 4;
-            for (int r = 0; r < TILE; r++)
-                for (int i = 0; i < 4; i++) isum[h][r] += w[s][r][i] * x[4 * s + i];
-        }
-        float d[2][TILE], m[TILE];
-        block_scales(L, t, b, d, m);
-        for (int h = 0; h <= split; h++)
-            for (int r = 0; r < TILE; r++) acc[r] = fmaf((float)isum[h][r], d[h][r] * xd[b], acc[r]);
-        if (L->m) {
-            float ms = xd[b] * (float)(xs[2 * b] + xs[2 * b + 1]);
-            for (int r = 0; r < TILE; r++) acc[r] = fmaf(m[r], ms, acc[r]);
-        }
-    }
-    memcpy(out, acc, sizeof acc);
+    tile_generic_any(L, t, xq, 1, xd, xs, out);
 }
 
 #if defined(__x86_64__)
@@ -1396,9 +1327,9 @@ static void quantize_one(const float *x, int i, int n_in, q16_rows *out, int q8)
     const float *xi = x + (size_t)i * n_in;
     float *d = out->d + (size_t)i * (n_in / QK);
     if (q8)
-        quantize_row8(xi, n_in, (int8_t *)out->q + (size_t)i * n_in, d, out->s + (size_t)i * 2 * (n_in / QK));
+        quantize_row_any(xi, n_in, (int8_t *)out->q + (size_t)i * n_in, d, out->s + (size_t)i * 2 * (n_in / QK), 1);
     else
-        quantize_row(xi, n_in, out->q + (size_t)i * n_in, d, out->s + (size_t)i * (n_in / QK));
+        quantize_row_any(xi, n_in, out->q + (size_t)i * n_in, d, out->s + (size_t)i * (n_in / QK), 0);
 }
 
 typedef struct { const float *x; int n_in; q16_rows *out; int q8; } quantize_job;
