@@ -826,6 +826,27 @@ static inline void tiles_avx2_kind(const sc_linear *L, int t, const int16_t *con
     }
 }
 
+/* step k of a 4/5/6-bit block, rows 8rh..8rh+7: the stored unsigned values of inputs 8k..8k+3 (*l) and 8k+4..8k+7
+   (*hh), one byte per weight (lane 4r + i), the offset not removed */
+__attribute__((target("avx2"), always_inline))
+static inline void unpack_u8_avx2(const uint8_t *p, int k, int rh, const int kind, __m256i *l, __m256i *hh) {
+    const __m256i nib = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1), three = _mm256_set1_epi8(3);
+    __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * k + 32 * rh));
+    __m256i a = _mm256_and_si256(v, nib), b = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+    if (kind == SC_W5) {
+        __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 256 + 32 * rh));
+        __m128i c0 = _mm_cvtsi32_si128(2 * k), c1 = _mm_cvtsi32_si128(2 * k + 1);
+        a = _mm256_or_si256(a, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, c0), one), 4));
+        b = _mm256_or_si256(b, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, c1), one), 4));
+    } else if (kind == SC_W6) {
+        __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 256 + 64 * (k >> 1) + 32 * rh));
+        __m128i c2 = _mm_cvtsi32_si128(4 * (k & 1)), c3 = _mm_cvtsi32_si128(4 * (k & 1) + 2);
+        a = _mm256_or_si256(a, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, c2), three), 4));
+        b = _mm256_or_si256(b, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, c3), three), 4));
+    }
+    *l = a, *hh = b;
+}
+
 /* 8-bit activations on AVX2, up to MULTI_AVX2 tokens (one: m = 1): a block's weights stay unsigned bytes (u, offset
    not removed), extracted once per block for every token; vpmaddubsw multiplies 32 u x x byte pairs at a time, sums of
    up to 4 products stay in int16 without saturating (4-bit: 8 x 2 x 15 x 127 < 2^15; 5-bit: 4 x 2 x 31 x 127; 6-bit:
@@ -839,7 +860,6 @@ static inline void tiles8_avx2_kind(const sc_linear *L, int t, const int8_t *con
                                     const int32_t *const *xs, int m, float *const *out, const int kind) {
     int nb = L->n_in / QK, zero = L->zero;
     size_t bb = block_bytes(kind);
-    const __m256i nib = _mm256_set1_epi8(15), one8 = _mm256_set1_epi8(1), three = _mm256_set1_epi8(3);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[MULTI8][2];
     for (int j = 0; j < m; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
@@ -851,25 +871,8 @@ static inline void tiles8_avx2_kind(const sc_linear *L, int t, const int8_t *con
         for (int c = 0; c < nc; c++) {
             const uint8_t *p = L->q + ((size_t)t * nb + b0 + c) * bb;
             if (kind != SC_W8) {
-                for (int k = 0; k < 4; k++) {
-                    __m128i c0 = _mm_cvtsi32_si128(2 * k), c1 = _mm_cvtsi32_si128(2 * k + 1);
-                    __m128i c2 = _mm_cvtsi32_si128(4 * (k & 1)), c3 = _mm_cvtsi32_si128(4 * (k & 1) + 2);
-                    for (int rh = 0; rh < 2; rh++) {
-                        __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * k + 32 * rh));
-                        __m256i l = _mm256_and_si256(v, nib), hh = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-                        if (kind == SC_W5) {
-                            __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 256 + 32 * rh));
-                            l = _mm256_or_si256(l, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, c0), one8), 4));
-                            hh = _mm256_or_si256(hh, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, c1), one8), 4));
-                        } else if (kind == SC_W6) {
-                            __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 256 + 64 * (k >> 1) + 32 * rh));
-                            l = _mm256_or_si256(l, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, c2), three), 4));
-                            hh = _mm256_or_si256(hh, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, c3), three), 4));
-                        }
-                        u[c][4 * k + rh] = l;
-                        u[c][4 * k + 2 + rh] = hh;
-                    }
-                }
+                for (int k = 0; k < 4; k++)
+                    for (int rh = 0; rh < 2; rh++) unpack_u8_avx2(p, k, rh, kind, &u[c][4 * k + rh], &u[c][4 * k + 2 + rh]);
             } else {
                 for (int k = 0; k < 8; k++)
                     for (int rh = 0; rh < 2; rh++)
@@ -1019,7 +1022,6 @@ static inline void tiles_avx512vnni_kind(const sc_linear *L, int t, const int16_
     size_t bb = block_bytes(kind);
     const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
     const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-    const __m256i lo = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1), three = _mm256_set1_epi8(3);
     const __m512i z = _mm512_set1_epi16((int16_t)L->zero);
     __m512 acc[MULTI];
     for (int j = 0; j < MULTI; j++) acc[j] = _mm512_setzero_ps();
@@ -1029,20 +1031,9 @@ static inline void tiles_avx512vnni_kind(const sc_linear *L, int t, const int16_
         if (kind != SC_W8) {
             const uint8_t *p = L->q + blk * bb;
             for (int k = 0; k < 4; k++) {
-                __m128i c0 = _mm_cvtsi32_si128(2 * k), c1 = _mm_cvtsi32_si128(2 * k + 1);
-                __m128i c2 = _mm_cvtsi32_si128(4 * (k & 1)), c3 = _mm_cvtsi32_si128(4 * (k & 1) + 2);
                 for (int h = 0; h < 2; h++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * k + 32 * h));
-                    __m256i l = _mm256_and_si256(v, lo), hh = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
-                    if (kind == SC_W5) {
-                        __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 256 + 32 * h));
-                        l = _mm256_or_si256(l, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, c0), one), 4));
-                        hh = _mm256_or_si256(hh, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, c1), one), 4));
-                    } else if (kind == SC_W6) {
-                        __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 256 + 64 * (k >> 1) + 32 * h));
-                        l = _mm256_or_si256(l, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, c2), three), 4));
-                        hh = _mm256_or_si256(hh, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, c3), three), 4));
-                    }
+                    __m256i l, hh;
+                    unpack_u8_avx2(p, k, h, kind, &l, &hh);
                     w[4 * k + h] = _mm512_sub_epi16(_mm512_cvtepu8_epi16(l), z);
                     w[4 * k + 2 + h] = _mm512_sub_epi16(_mm512_cvtepu8_epi16(hh), z);
                 }
