@@ -273,7 +273,7 @@ def choose_kernel(t: Transformer, name: str | None = None, *, verbose: bool = Fa
             raise ValueError(f"kernel {name!r} cannot run here: {e}") from None
     key = cache_key(t)
     cached = _read_cache().get(key)
-    if isinstance(cached, dict) and cached.get("kernel") in candidates(t) and cached["kernel"] not in OPT_IN:
+    if isinstance(cached, dict) and cached.get("kernel") in candidates(t):
         try:
             return build_candidate(t, cached["kernel"])
         except EngineUnavailable:

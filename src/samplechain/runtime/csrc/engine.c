@@ -591,6 +591,17 @@ static void tile8_generic(const sc_linear *L, int t, const int8_t *xq, const flo
     tile_generic_any(L, t, xq, 1, xd, xs, out);
 }
 
+/* fn(args..., kind) with the weight kind a compile-time constant: each kind gets its own compiled loop */
+#define BY_KIND(kind, fn, ...)                                                                                      \
+    do {                                                                                                          \
+        switch (kind) {                                                                                           \
+        case SC_W4: fn(__VA_ARGS__, SC_W4); break;                                                                \
+        case SC_W5: fn(__VA_ARGS__, SC_W5); break;                                                                \
+        case SC_W6: fn(__VA_ARGS__, SC_W6); break;                                                                \
+        default: fn(__VA_ARGS__, SC_W8); break;                                                                   \
+        }                                                                                                         \
+    } while (0)
+
 #if defined(__x86_64__)
 static inline int64_t x4(const int16_t *x) { /* four int16 activations as one 64-bit pattern */
     int64_t v;
@@ -955,34 +966,19 @@ static inline void tiles8_avx2_kind(const sc_linear *L, int t, const int8_t *con
 __attribute__((target("avx2,fma,f16c")))
 static void tiles8_avx2(const sc_linear *L, int t, const int8_t *const *xq, const float *const *xd,
                         const int32_t *const *xs, int m, float *const *out) {
-    switch (L->kind) {
-    case SC_W4: tiles8_avx2_kind(L, t, xq, xd, xs, m, out, SC_W4); break;
-    case SC_W5: tiles8_avx2_kind(L, t, xq, xd, xs, m, out, SC_W5); break;
-    case SC_W6: tiles8_avx2_kind(L, t, xq, xd, xs, m, out, SC_W6); break;
-    default: tiles8_avx2_kind(L, t, xq, xd, xs, m, out, SC_W8); break;
-    }
+    BY_KIND(L->kind, tiles8_avx2_kind, L, t, xq, xd, xs, m, out);
 }
 
 __attribute__((target("avx2,fma,f16c")))
 static void tiles_avx2(const sc_linear *L, int t, const int16_t *const *xq, const float *const *xd,
                        const int32_t *const *xs, int m, float *const *out) {
-    switch (L->kind) {
-    case SC_W4: tiles_avx2_kind(L, t, xq, xd, xs, m, out, SC_W4); break;
-    case SC_W5: tiles_avx2_kind(L, t, xq, xd, xs, m, out, SC_W5); break;
-    case SC_W6: tiles_avx2_kind(L, t, xq, xd, xs, m, out, SC_W6); break;
-    default: tiles_avx2_kind(L, t, xq, xd, xs, m, out, SC_W8); break;
-    }
+    BY_KIND(L->kind, tiles_avx2_kind, L, t, xq, xd, xs, m, out);
 }
 
 __attribute__((target("avx2,fma,f16c")))
 static void tile_avx2(const sc_linear *L, int t, const int16_t *xq, const float *xd, const int32_t *xs,
                       float *out) {
-    switch (L->kind) {
-    case SC_W4: tile_avx2_kind(L, t, xq, xd, xs, out, SC_W4); break;
-    case SC_W5: tile_avx2_kind(L, t, xq, xd, xs, out, SC_W5); break;
-    case SC_W6: tile_avx2_kind(L, t, xq, xd, xs, out, SC_W6); break;
-    default: tile_avx2_kind(L, t, xq, xd, xs, out, SC_W8); break;
-    }
+    BY_KIND(L->kind, tile_avx2_kind, L, t, xq, xd, xs, out);
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
@@ -1070,12 +1066,7 @@ static inline void tiles_avx512vnni_kind(const sc_linear *L, int t, const int16_
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
 static void tiles_avx512vnni(const sc_linear *L, int t, const int16_t *const *xq, const float *const *xd,
                              const int32_t *const *xs, int m, float *const *out) {
-    switch (L->kind) {
-    case SC_W4: tiles_avx512vnni_kind(L, t, xq, xd, xs, m, out, SC_W4); break;
-    case SC_W5: tiles_avx512vnni_kind(L, t, xq, xd, xs, m, out, SC_W5); break;
-    case SC_W6: tiles_avx512vnni_kind(L, t, xq, xd, xs, m, out, SC_W6); break;
-    default: tiles_avx512vnni_kind(L, t, xq, xd, xs, m, out, SC_W8); break;
-    }
+    BY_KIND(L->kind, tiles_avx512vnni_kind, L, t, xq, xd, xs, m, out);
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
