@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from samplechain import CommonSampler, SamplingParams
-from samplechain.trace import TraceContext, format_trace, trace, trace_step
+from samplechain._numeric import logf
+from samplechain.trace import LOGITS_ABOUT, NEIGHBOURS, TraceContext, _ranked, format_trace, trace, trace_step
 
 F32 = np.float32
 
@@ -12,6 +13,25 @@ F32 = np.float32
 def softmax32(x):
     e = np.exp(np.asarray(x, dtype=np.float64) - max(x))
     return [float(F32(v)) for v in e / e.sum()]
+
+
+def entropy(p):
+    q = np.asarray(p, dtype=F32).astype(np.float64)
+    return float(-(q * np.log(q)).sum())
+
+
+def top_p_sums(x):
+    """top-p's running sums over descending logits x: binary32 expf, a binary32 total, binary32 running sums."""
+    x = np.asarray(x, dtype=F32)
+    e = np.exp((x - x[0]).astype(np.float64)).astype(F32)
+    total = F32(0.0)
+    for v in e:
+        total = F32(total + v)
+    run, out = F32(0.0), []
+    for v in e / total:
+        run = F32(run + v)
+        out.append(float(run))
+    return out
 
 
 # --- stages on hand-computable logits ------------------------------------------------------------------------
@@ -35,6 +55,110 @@ def test_trace_step_stages_of_top_k_then_dist():
     assert step.rejected is None and step.piece is None
     # the selected token as every stage left it
     assert [s.chosen.id for s in step.stages] == [step.token] * 3
+
+
+# penalties -> top-k -> top-p -> min-p -> temperature on six hand-computable logits, tokens 1 and 2 in the history
+CUT_LOGITS = [1.0, 3.0, 2.0, 0.0, 2.5, -1.0]
+CUT_PARAMS = SamplingParams(samplers=("penalties", "top_k", "top_p", "min_p", "temperature"), repeat_penalty=1.5,
+                            top_k=4, top_p=0.8, min_p=0.4, temperature=0.5, seed=3)
+
+
+def cut_step(n_top=3):
+    sampler = CommonSampler(CUT_PARAMS, n_vocab=6)
+    for t in (1, 2):
+        sampler.accept(t)
+    return trace_step(sampler, np.array(CUT_LOGITS, dtype=F32), n_top=n_top)
+
+
+def test_each_stage_says_what_it_removed_or_changed():
+    step = cut_step()
+    assert [s.name for s in step.stages] == ["logits", "penalties", "top-k", "top-p", "min-p", "temp-ext", "dist"]
+    assert [(s.n_before, s.removed, s.changed) for s in step.stages] == [
+        (6, 0, 0), (6, 0, 2), (6, 2, 0), (4, 1, 0), (3, 1, 0), (2, 0, 2), (2, 0, 0)]
+    assert [s.scale for s in step.stages] == ["logit", "logit", "logit", "prob", "prob", "prob", "prob"]
+    assert [s.about for s in step.stages] == [
+        LOGITS_ABOUT,
+        "llama.cpp's penalties: repeat (divide positive / multiply negative logits), frequency, presence.",
+        "Keeps the k largest logits, sorted descending; k <= 0 is a no-op.",
+        "Nucleus sampling: the smallest descending prefix whose probability mass reaches p.",
+        "Keeps candidates whose probability is at least p times the largest one.",
+        "llama.cpp's temp_ext: temperature in [t - delta, t + delta] chosen by normalised entropy.",
+        "Draws a token from the softmax of the logits, exactly as llama.cpp's dist sampler (one double per draw).",
+    ]
+    assert all(s.cut == {} for s in (step.stages[0], step.stages[1], step.stages[6]))
+    # penalties: 3 -> 3 / 1.5 and 2 -> 2 / 1.5 (binary32), shown before -> after with their input ranks
+    logits, penalties = step.stages[:2]
+    assert [(r.id, r.rank, r.logit_before, r.logit, r.kept) for r in penalties.rows] == [
+        (1, 0, 3.0, 2.0, True), (4, 1, 2.5, 2.5, True), (2, 2, 2.0, float(F32(2.0) / F32(1.5)), True)]
+    assert [r.prob_before for r in penalties.rows] == [r.prob for r in logits.top]
+    assert [r.prob for r in penalties.rows] == [softmax32([1.0, 2.0, F32(2.0) / F32(1.5), 0.0, 2.5, -1.0])[i]
+                                                for i in (1, 4, 2)]
+
+
+def test_top_k_marks_its_kth_candidate_and_the_cut_neighbourhood():
+    top_k = cut_step().stages[2]
+    x = [1.0, 2.0, float(F32(2.0) / F32(1.5)), 0.0, 2.5, -1.0]  # after the penalties
+    assert top_k.cut == {"kind": "top-k", "k": 4, "kth_rank": 3, "kth_id": 0, "kth_logit": 1.0}
+    # the top 3 and the ranks [4 - 3, 4 + 3) of the cut's neighbourhood, removed ones with no logit after
+    kept = softmax32([*x[:3], 2.5])  # ids 0, 1, 2, 4
+    assert [(r.id, r.rank, r.logit_before, r.logit, r.prob, r.kept) for r in top_k.rows] == [
+        (4, 0, 2.5, 2.5, kept[3], True),
+        (1, 1, 2.0, 2.0, kept[1], True),
+        (2, 2, x[2], x[2], kept[2], True),
+        (0, 3, 1.0, 1.0, kept[0], True),
+        (3, 4, 0.0, None, 0.0, False),
+        (5, 5, -1.0, None, 0.0, False)]
+    assert [r.prob_before for r in top_k.rows] == [softmax32(x)[i] for i in (4, 1, 2, 0, 3, 5)]
+
+
+def test_top_p_gives_its_running_sums_and_threshold():
+    top_p = cut_step().stages[3]
+    run = top_p_sums([2.5, 2.0, F32(2.0) / F32(1.5), 1.0])
+    assert run[1] < F32(0.8) <= run[2]  # the third candidate reaches p
+    assert top_p.cut == {"kind": "top-p", "p": float(F32(0.8)), "min_keep": 0, "kept": 3, "cum_kept": run[2],
+                         "cum_before_last": run[1]}
+    assert [(r.id, r.rank, r.kept, r.cum) for r in top_p.rows] == [
+        (4, 0, True, run[0]), (1, 1, True, run[1]), (2, 2, True, run[2]), (0, 3, False, run[3])]
+    assert top_p.rows[3].to_dict()["cum"] == run[3] and "cum" not in cut_step().stages[2].rows[0].to_dict()
+
+
+def test_min_p_gives_its_threshold_relative_to_the_top_candidate():
+    min_p = cut_step().stages[4]
+    x = [2.5, 2.0, float(F32(2.0) / F32(1.5))]
+    top = softmax32(x)[0]
+    assert min_p.cut == {"kind": "min-p", "p": float(F32(0.4)), "top_id": 4, "top_prob": top, "top_logit": 2.5,
+                         "threshold_logit": float(F32(2.5) + logf(F32(0.4))), "threshold_prob": top * float(F32(0.4))}
+    assert x[1] >= min_p.cut["threshold_logit"] > x[2]
+    assert [(r.id, r.kept, r.prob_before) for r in min_p.rows] == [
+        (4, True, top), (1, True, softmax32(x)[1]), (2, False, softmax32(x)[2])]
+
+
+def test_temperature_gives_the_shape_before_and_after():
+    temp = cut_step().stages[5]
+    assert temp.cut == {"kind": "temperature", "t": 0.5, "delta": 0.0, "entropy_before": entropy(softmax32([2.5, 2.0])),
+                        "entropy_after": entropy(softmax32([5.0, 4.0]))}
+    assert temp.cut["entropy_after"] < temp.cut["entropy_before"]
+    assert [(r.id, r.logit_before, r.logit, r.prob_before, r.prob) for r in temp.rows] == [
+        (4, 2.5, 5.0, softmax32([2.5, 2.0])[0], softmax32([5.0, 4.0])[0]),
+        (1, 2.0, 4.0, softmax32([2.5, 2.0])[1], softmax32([5.0, 4.0])[1])]
+
+
+def test_stage_rows_are_bounded_and_in_input_order():
+    step = cut_step(n_top=1)
+    assert step.token == 4  # rank 1 of the logits, rank 0 from the penalties on
+    # the input's top 1, the cut's neighbourhood (top-k: ranks [1, 7), top-p: [0, 6), min-p: [0, 5), clipped to
+    # the input), the n_top changed candidates with the largest logits after (penalties: token 1), the selected one
+    assert [[r.rank for r in s.rows] for s in step.stages] == [
+        [0, 1], [0, 1], [0, 1, 2, 3, 4, 5], [0, 1, 2, 3], [0, 1, 2], [0], [0]]
+
+
+def test_ranked_is_the_stable_descending_order():
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 50, 5000).astype(F32)  # many ties
+    x[rng.integers(0, 5000, 100)] = -np.inf
+    order = np.argsort(-x, kind="stable")
+    for lo, hi in ((0, 10), (37, 80), (0, 1), (4990, 5000), (120, 5000), (300, 300)):
+        assert list(_ranked(x, lo, hi)) == list(order[lo:hi])
 
 
 def test_trace_step_counts_masked_candidates_and_keeps_them_out_of_the_top():
@@ -115,6 +239,12 @@ def test_trace_step_selects_what_sample_selects(smol, name):
         assert np.array_equal(a.candidates.ids, b.candidates.ids)
         assert np.array_equal(a.candidates.probs, b.candidates.probs)
         assert list(a.prev) == list(b.prev)
+        for before, stage in zip(step.stages, step.stages[1:], strict=False):
+            assert stage.n_before == before.size - before.n_masked
+            assert stage.removed == stage.n_before - (stage.size - stage.n_masked)
+            ranks = [r.rank for r in stage.rows]
+            assert ranks == sorted(set(ranks)) and len(ranks) <= 5 + 2 * NEIGHBOURS + 5 + 1
+            assert sum(not r.kept for r in stage.rows) <= stage.removed
     if name.startswith("grammar"):
         assert rejected > 0  # random logits rarely start with a digit: the rejection path ran
         assert a.grammar is not None and b.grammar is not None
@@ -171,6 +301,17 @@ def test_trace_steps_are_the_generated_tokens(smol):
     assert all(len(stage.top) <= 3 for s in t.steps for stage in s.stages)
 
 
+def test_trace_of_the_last_step_only_is_the_same_stream(smol):
+    params = SamplingParams(seed=5, mirostat=2)  # mirostat's state carries over from step to step
+    tokens = smol.tokenize("Once upon a time")
+    full = trace(smol, tokens, params, n_top=3, steps=4)
+    last = trace(smol, tokens, params, n_top=3, steps=4, last_only=True)
+    assert last.tokens == full.tokens
+    assert [s.stages for s in last.steps[:3]] == [[], [], []]
+    assert [s.piece for s in last.steps] == [s.piece for s in full.steps]
+    assert last.steps[3].to_dict() == full.steps[3].to_dict()
+
+
 def test_trace_context_reuses_its_prefix_exactly(smol):
     params = SamplingParams(seed=3)
     tokens = smol.tokenize("Once upon a time")
@@ -206,7 +347,7 @@ def test_format_trace_table(smol):
     assert lines[1] == "prompt: 1 tokens"
     assert lines[3] == f"step 1: selected {t.tokens[0]} {t.steps[0].piece!r}"
     assert lines[4] == "  logits: 49152 candidates"
-    assert "  top-k (k=2): 2 candidates" in lines
+    assert "  top-k (k=2): 2 candidates, 49150 removed" in lines
     assert f"  dist (seed=1): 2 candidates, selected {t.tokens[0]}" in lines
     assert sum(line.startswith("  *") for line in lines) == 3  # the selected token, once per stage
 

@@ -1,12 +1,13 @@
 """The sampler-chain visualizer: ``POST /sampling/trace`` and the page at ``/`` (issue 16).
 
 ``/sampling/trace`` takes a completion request's prompt (or chat ``messages``) and sampling fields, plus ``n_top``
-(candidates kept per stage), ``steps`` (tokens traced, each appended before the next) and ``generated`` (tokens
-already chosen after the prompt), and answers with the candidates after every stage of the chain
-(``samplechain.trace``). The trace runs on the engine thread (``Engine.call``), between two steps, in a context of
-its own, so it never runs the model beside the slots; its tokens are those a completion with the same parameters
-generates. The page is static (``static/``: HTML, CSS and JavaScript, no build step, nothing fetched from
-elsewhere) and public, as llama-server's UI is.
+(candidates kept per stage), ``steps`` (tokens traced, each appended before the next), ``generated`` (tokens already
+chosen after the prompt) and ``last_step_only`` (stages of the last step only: the page steps by tracing ``steps: N
++ 1`` from the prompt, one random stream, exactly a completion's tokens), and answers with the candidates after
+every stage of the chain, what each stage removed or changed and why (``samplechain.trace``). The trace runs on the
+engine thread (``Engine.call``), between two steps, in a context of its own, so it never runs the model beside the
+slots; its tokens are those a completion with the same parameters generates. The page is static (``static/``: HTML,
+CSS and JavaScript, no build step, nothing fetched from elsewhere) and public, as llama-server's UI is.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def router(state: Any) -> APIRouter:
             n_top = rq._int(body, ("n_top",), 10, 1, MAX_N_TOP)
             steps = rq._int(body, ("steps",), 1, 1, MAX_STEPS)
             generated = _token_ids(body.get("generated"), model.config.n_vocab)
+            last_only = rq._bool(body, "last_step_only", False)
         except ValueError as e:
             raise bad_request(str(e)) from None
         n_ctx = engine.n_ctx_slot
@@ -78,7 +80,7 @@ def router(state: Any) -> APIRouter:
             if ctx is None:
                 ctx = holder["ctx"] = TraceContext(model, n_ctx, n_batch=config.n_batch)
             return trace(model, tokens, params, n_top=n_top, steps=steps, generated=generated, context=ctx,
-                         sampler=sampler)
+                         sampler=sampler, last_only=last_only)
 
         try:
             result = await asyncio.wrap_future(engine.call(run))

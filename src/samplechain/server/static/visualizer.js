@@ -31,9 +31,14 @@ const $ = (sel) => document.querySelector(sel);
 const defaults = {};          // request field -> the server's default (from /props), else the table above
 const modeValues = {};        // request field -> value, for the selector's fields
 let chain = [];               // [{kind, values: {field: number}}]
-let generated = [];           // [{id, piece}] tokens appended by "step"
-let lastStep = null;          // the last trace's step
-let requestNo = 0;            // only the newest answer is drawn
+// Stepping is stateless and exact: after N steps the page traces `steps: N + 1` from the prompt with the same seed
+// and draws the last step, so its tokens are those of one (N + 1)-step trace, one random stream.
+const MAX_STEPS = 64;         // the server's limit on `steps`
+let nSteps = 0;               // tokens stepped past the prompt
+let shownSteps = 0;           // nSteps of the trace on the page
+let stopped = false;          // the trace on the page ended the generation
+let busy = false;             // a trace is in flight: Trace, Step and Reset are disabled
+let pending = false;          // an edit while busy: traced again when the answer is in
 let timer = null;
 
 function fieldDefault(name, fallback) { return name in defaults ? defaults[name] : fallback; }
@@ -160,8 +165,8 @@ function requestBody() {
   const seed = $("#seed").value.trim();
   if (seed !== "") body.seed = Number(seed);
   body.n_top = Number($("#n_top").value) || 10;
-  body.steps = 1;
-  body.generated = generated.map((g) => g.id);
+  body.steps = nSteps + 1;
+  body.last_step_only = true;
   const extra = $("#extra").value.trim();
   if (extra) Object.assign(body, JSON.parse(extra));
   return body;
@@ -172,9 +177,22 @@ function schedule() {
   timer = setTimeout(runTrace, 200);
 }
 
+function setBusy(on) {
+  busy = on;
+  document.body.dataset.busy = on ? "1" : "0";
+  $("#busy").hidden = !on;
+  $("#trace").disabled = on;
+  $("#reset").disabled = on;
+  $("#step").disabled = on || stopped || shownSteps + 2 > MAX_STEPS;
+}
+
 async function runTrace() {
   clearTimeout(timer);
-  const no = ++requestNo;
+  if (busy) {  // one trace at a time: an edit meanwhile is traced when the answer is in
+    pending = true;
+    return;
+  }
+  pending = false;
   let body;
   try {
     body = requestBody();
@@ -182,23 +200,28 @@ async function runTrace() {
     status("More request fields: " + e.message, true);
     return;
   }
-  document.body.dataset.busy = "1";
-  status("tracing…");
+  setBusy(true);
+  status("");
   try {
     const r = await fetch("/sampling/trace", { method: "POST", headers: headers(), body: JSON.stringify(body) });
     const data = await r.json();
-    if (no !== requestNo) return;  // a newer request was sent meanwhile
     if (!r.ok) {
+      nSteps = Math.min(nSteps, shownSteps);
       status((data.error && data.error.message) || ("HTTP " + r.status), true);
       return;
     }
+    nSteps = shownSteps = data.steps.length - 1;
+    stopped = !!data.stopped;
     render(data);
-    status(`${data.n_prompt_tokens} prompt tokens` + (generated.length ? ` + ${generated.length} stepped` : "")
-      + (data.stopped ? " · end of generation" : ""));
+    status(`${data.n_prompt_tokens} prompt tokens` + (nSteps ? ` + ${nSteps} stepped` : "")
+      + (data.stopped ? " · end of generation" : "")
+      + (nSteps + 2 > MAX_STEPS ? ` · the page traces at most ${MAX_STEPS} tokens` : ""));
   } catch (e) {
-    if (no === requestNo) status(String(e), true);
+    nSteps = Math.min(nSteps, shownSteps);
+    status(String(e), true);
   } finally {
-    if (no === requestNo) document.body.dataset.busy = "0";
+    setBusy(false);
+    if (pending) runTrace();
   }
 }
 
@@ -209,6 +232,25 @@ function status(text, error) {
 }
 
 // --- drawing -------------------------------------------------------------------------------------------------
+
+const SVG = (() => {  // the SVG namespace, as the HTML parser gives it
+  const t = document.createElement("template");
+  t.innerHTML = "<svg></svg>";
+  return t.content.firstChild.namespaceURI;
+})();
+
+function el(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+function svg(tag, attrs) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, String(v));
+  return e;
+}
 
 function showPiece(piece) {
   if (piece === null || piece === undefined) return "";
@@ -222,73 +264,172 @@ function fmtParams(params) {
     .join(", ");
 }
 
-function barRow(row, token, extra) {
-  const el = document.createElement("div");
-  el.className = "bar-row" + (row.id === token ? " selected" : "") + (extra ? " extra" : "");
-  el.dataset.id = String(row.id);
-  el.title = `#${row.rank} · id ${row.id} · logit ${row.logit === null ? "-inf" : row.logit.toFixed(4)}`
-    + ` · p ${row.prob.toFixed(6)}`;
-  const piece = document.createElement("span");
-  piece.className = "piece";
-  piece.textContent = showPiece(row.piece);
-  const track = document.createElement("div");
-  track.className = "track";
-  const fill = document.createElement("div");
-  fill.className = "fill";
-  fill.style.width = (100 * Math.max(0, Math.min(1, row.prob))).toFixed(2) + "%";
+const num = (v, d) => (v === null ? "-inf" : v.toFixed(d === undefined ? 2 : d));
+const pct = (p) => (100 * p).toFixed(p >= 0.1 ? 1 : 2) + "%";
+const short = (v) => +v.toPrecision(4);
+
+// How a card draws its rows: logits where the stage works on logits, else probabilities. `before` is the stage's
+// input (a ghost bar behind the fill); the fill is the value after the stage (none for a removed candidate).
+function scaleOf(stage) {
+  if (stage.scale === "logit") {
+    const vals = stage.rows.flatMap((r) => [r.logit_before, r.logit]).filter((v) => v !== null);
+    const hi = Math.max(...vals);
+    const lo = Math.min(...vals);
+    const floor = lo - Math.max(0.5, 0.15 * (hi - lo));  // the lowest bar keeps a visible length
+    return {
+      before: (r) => r.logit_before, after: (r) => r.logit, text: (v) => num(v),
+      width: (v) => (v === null ? 0 : (v - floor) / (hi - floor)),
+    };
+  }
+  const hi = Math.max(1e-9, ...stage.rows.flatMap((r) => [r.prob_before, r.prob]));
+  return { before: (r) => r.prob_before, after: (r) => r.prob, text: pct, width: (v) => v / hi, max: hi };
+}
+
+function barRow(stage, row, scale, token, first) {
+  const changed = !first && row.kept && Math.abs(scale.after(row) - scale.before(row)) > 5e-4 * (
+    stage.scale === "logit" ? 1 : Math.max(scale.before(row), 1e-3));
+  const r = el("div", "bar-row" + (row.id === token ? " selected" : "") + (row.kept ? " kept" : " removed")
+    + (changed ? " changed" : "") + (stage.cut.kind === "top-k" && row.rank === stage.cut.kth_rank ? " kth" : ""));
+  r.dataset.id = String(row.id);
+  r.dataset.rank = String(row.rank);
+  r.title = `#${row.rank + 1} · id ${row.id} · logit ${num(row.logit_before, 4)}`
+    + (first ? "" : row.kept ? ` → ${num(row.logit, 4)}` : " (removed)")
+    + ` · p ${row.prob_before.toFixed(6)}` + (first || !row.kept ? "" : ` → ${row.prob.toFixed(6)}`);
+  const piece = el("span", "piece", showPiece(row.piece));
+  const track = el("div", "track");
+  const w = (v) => (100 * Math.max(0, Math.min(1, scale.width(v)))).toFixed(2) + "%";
+  if (!first) {
+    const ghost = el("div", "ghost");
+    ghost.style.width = w(scale.before(row));
+    track.appendChild(ghost);
+  }
+  const fill = el("div", "fill");
+  fill.style.width = row.kept ? w(scale.after(row)) : "0%";
   track.appendChild(fill);
-  const prob = document.createElement("span");
-  prob.className = "prob";
-  prob.textContent = (100 * row.prob).toFixed(row.prob >= 0.1 ? 1 : 2) + "%";
-  el.append(piece, track, prob);
-  return el;
+  if (stage.cut.kind === "min-p") {  // min-p's threshold, relative to the top candidate
+    const tick = el("div", "tick");
+    tick.style.left = w(stage.cut.threshold_prob);
+    track.appendChild(tick);
+  }
+  const value = el("span", "value");
+  value.textContent = !row.kept ? scale.text(scale.before(row))
+    : changed ? `${scale.text(scale.before(row))} → ${scale.text(scale.after(row))}` : scale.text(scale.after(row));
+  r.append(piece, track, value);
+  if (stage.cut.kind === "top-p") r.appendChild(el("span", "cum", row.cum.toFixed(3)));
+  if (stage.cut.kind === "top-k" && row.rank === stage.cut.kth_rank) piece.prepend(el("b", "kth-mark", "k→ "));
+  return r;
+}
+
+// One sentence on why the stage removed or changed what it did, from the trace's numbers.
+function why(stage) {
+  const c = stage.cut;
+  const out = `${stage.removed} of ${stage.n_before} removed`;
+  if (c.kind === "top-k") {
+    return `keeps the ${c.k} largest logits: the k-th is #${c.kth_rank + 1} (logit ${num(c.kth_logit)}); ${out}`;
+  }
+  if (c.kind === "top-p") {
+    return `the running sum reaches p = ${short(c.p)} at #${c.kept} (${c.cum_kept.toFixed(4)}; `
+      + `${c.cum_before_last.toFixed(4)} before it): ${c.kept} kept, ${out}`;
+  }
+  if (c.kind === "min-p") {
+    return `threshold p × top = ${short(c.p)} × ${pct(c.top_prob)} = ${pct(c.threshold_prob)} `
+      + `(logit ≥ ${num(c.threshold_logit)}): ${out}`;
+  }
+  if (c.kind === "temperature") {
+    const how = c.entropy_after < c.entropy_before ? "sharper" : c.entropy_after > c.entropy_before ? "flatter" : "unchanged";
+    return `logits ÷ t = ${short(c.t)}${c.delta ? ` (± ${short(c.delta)} by entropy)` : ""}: entropy `
+      + `${c.entropy_before.toFixed(3)} → ${c.entropy_after.toFixed(3)} nats, ${how}`
+      + (stage.removed ? `; ${out}` : "");
+  }
+  if (stage.changed) return `${stage.changed} logit${stage.changed === 1 ? "" : "s"} changed (before → after)`
+    + (stage.removed ? `; ${out}` : "");
+  return stage.removed ? out : stage.effect === "selector" ? "" : "nothing removed or changed";
+}
+
+// top-p: the running sum of the input's probabilities down the shown candidates, and the threshold p.
+function cumulativeChart(stage) {
+  const rows = stage.rows;
+  const W = 300, H = 70, pad = 4;
+  const x = (i) => pad + (rows.length === 1 ? 0 : (i * (W - 2 * pad)) / (rows.length - 1));
+  const y = (v) => H - pad - v * (H - 2 * pad);
+  const chart = svg("svg", { class: "cumulative", viewBox: `0 0 ${W} ${H}`, role: "img",
+    "aria-label": "cumulative probability and top-p's threshold" });
+  chart.appendChild(svg("line", { class: "threshold", x1: 0, x2: W, y1: y(stage.cut.p), y2: y(stage.cut.p),
+    "data-value": stage.cut.p }));
+  const label = svg("text", { x: W - pad, y: y(stage.cut.p) - 3, "text-anchor": "end" });
+  label.textContent = `p = ${short(stage.cut.p)}`;
+  chart.appendChild(label);
+  const cutAt = rows.findIndex((r) => !r.kept);
+  if (cutAt > 0) {
+    const cx = (x(cutAt - 1) + x(cutAt)) / 2;
+    chart.appendChild(svg("line", { class: "cut-line", x1: cx, x2: cx, y1: 0, y2: H }));
+  }
+  chart.appendChild(svg("polyline", { class: "cum",
+    points: rows.map((r, i) => `${x(i).toFixed(1)},${y(r.cum).toFixed(1)}`).join(" ") }));
+  rows.forEach((r, i) => chart.appendChild(svg("circle", { class: r.kept ? "kept" : "removed", cx: x(i),
+    cy: y(r.cum), r: 2.5, "data-id": r.id })));
+  return chart;
+}
+
+function stageCard(stage, step, first) {
+  const card = el("div", "stage " + (stage.effect || "input"));
+  card.dataset.name = stage.name;
+  card.dataset.scale = stage.scale;
+  const h = el("h3", null, stage.name);
+  h.appendChild(el("span", "scale", stage.scale === "logit" ? "logits" : "probabilities"));
+  const about = el("p", "about", stage.about);
+  const params = fmtParams(stage.params);
+  const meta = el("div", "meta", (params ? params + " · " : "") + `${stage.size} candidate${stage.size === 1 ? "" : "s"}`
+    + (stage.n_masked ? ` (${stage.n_masked} masked)` : "")
+    + (stage.selected !== null ? ` · selected ${JSON.stringify(step.piece)}` : ""));
+  card.append(h, about, meta);
+  const reason = first ? "" : why(stage);
+  if (reason) card.appendChild(el("p", "why", reason));
+  if (stage.cut.kind === "top-p") card.appendChild(cumulativeChart(stage));
+  const scale = scaleOf(stage);
+  const bars = el("div", "bars" + (stage.cut.kind === "top-p" ? " with-cum" : ""));
+  if (stage.cut.kind === "min-p") {
+    const thr = el("div", "threshold", `┆ threshold ${pct(stage.cut.threshold_prob)} = ${short(stage.cut.p)} × top`);
+    thr.dataset.value = String(stage.cut.threshold_prob);
+    bars.appendChild(thr);
+  }
+  if (stage.cut.kind === "top-p") {
+    bars.append(el("span", "head"), el("span", "head"), el("span", "head", "p"), el("span", "head", "Σ p"));
+  }
+  let prev = -1;
+  let cutDrawn = false;
+  stage.rows.forEach((row, i) => {
+    if (row.rank > prev + 1) {
+      bars.appendChild(el("div", "gap", `… ${row.rank - prev - 1} more`));
+    }
+    // a prefix cut: every shown candidate from here on is removed
+    if (!cutDrawn && !row.kept && stage.rows.slice(i).every((r) => !r.kept) && i > 0) {
+      bars.appendChild(el("div", "cut", `✂ ${stage.n_before - stage.removed} kept · ${stage.removed} removed`));
+      cutDrawn = true;
+    }
+    bars.appendChild(barRow(stage, row, scale, step.token, first));
+    prev = row.rank;
+  });
+  card.appendChild(bars);
+  return card;
 }
 
 function render(data) {
-  const step = data.steps[0];
-  lastStep = { ...step, stopped: data.stopped };
+  const step = data.steps[data.steps.length - 1];
   $("#prompt-text").textContent = data.prompt;
-  const gen = $("#generated");
-  gen.replaceChildren(...generated.map((g) => {
-    const s = document.createElement("span");
-    s.className = "gen";
-    s.dataset.id = String(g.id);
-    s.textContent = g.piece;
+  $("#generated").replaceChildren(...data.steps.slice(0, -1).map((g) => {
+    const s = el("span", "gen", g.piece);
+    s.dataset.id = String(g.token);
     return s;
   }));
   const box = $("#stages");
-  box.replaceChildren();
-  for (const stage of step.stages) {
-    const card = document.createElement("div");
-    card.className = "stage " + (stage.effect || "input");
-    card.dataset.name = stage.name;
-    const h = document.createElement("h3");
-    h.textContent = stage.name;
-    const meta = document.createElement("div");
-    meta.className = "meta";
-    const params = fmtParams(stage.params);
-    meta.textContent = (params ? params + " · " : "") + `${stage.size} candidate${stage.size === 1 ? "" : "s"}`
-      + (stage.n_masked ? ` (${stage.n_masked} masked)` : "")
-      + (stage.selected !== null ? ` · selected ${JSON.stringify(step.piece)}` : "");
-    const bars = document.createElement("div");
-    bars.className = "bars";
-    for (const row of stage.top) bars.appendChild(barRow(row, step.token, false));
-    if (stage.chosen && !stage.top.some((r) => r.id === stage.chosen.id)) {
-      const gap = document.createElement("div");
-      gap.className = "gap";
-      gap.textContent = `… the selected token is #${stage.chosen.rank + 1} here`;
-      bars.append(gap, barRow(stage.chosen, step.token, true));
-    }
-    card.append(h, meta, bars);
-    box.appendChild(card);
-  }
+  box.replaceChildren(...step.stages.map((stage, i) => stageCard(stage, step, i === 0)));
   const traced = new Set(step.stages.map((s) => s.name));
   const inactive = $("#mode").value === "1" || $("#mode").value === "2" ? []
     : chain.filter((s) => !traced.has(KINDS[s.kind].trace)).map((s) => KINDS[s.kind].trace);
-  $("#summary").textContent = `selected ${JSON.stringify(step.piece)} (id ${step.token})`
+  $("#summary").textContent = `step ${data.steps.length}: selected ${JSON.stringify(step.piece)} (id ${step.token})`
     + (step.rejected !== null ? ` · the grammar refused id ${step.rejected} first` : "")
     + (inactive.length ? ` · left out, no-ops with these parameters: ${inactive.join(", ")}` : "");
-  $("#step").disabled = !!data.stopped;
   box.dataset.traces = String(Number(box.dataset.traces || 0) + 1);
 }
 
@@ -320,13 +461,13 @@ async function main() {
   });
   $("#mode").addEventListener("change", () => { renderModeFields(); changed(); });
   for (const id of ["#seed", "#n_top", "#extra"]) $(id).addEventListener("input", schedule);
-  $("#chat").addEventListener("change", () => { generated = []; schedule(); });
-  $("#prompt").addEventListener("input", () => { generated = []; schedule(); });
+  const restart = () => { nSteps = 0; schedule(); };
+  $("#chat").addEventListener("change", restart);
+  $("#prompt").addEventListener("input", restart);
   $("#trace").addEventListener("click", runTrace);
-  $("#reset").addEventListener("click", () => { generated = []; runTrace(); });
-  $("#step").addEventListener("click", () => {
-    if (!lastStep || lastStep.stopped || document.body.dataset.busy === "1") return;
-    generated.push({ id: lastStep.token, piece: lastStep.piece });
+  $("#reset").addEventListener("click", () => { nSteps = 0; runTrace(); });
+  $("#step").addEventListener("click", () => {  // disabled while busy, after the end and at the limit
+    nSteps = shownSteps + 1;
     runTrace();
   });
   runTrace();
