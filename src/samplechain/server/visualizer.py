@@ -2,8 +2,8 @@
 
 ``/sampling/trace`` takes a completion request's prompt (or chat ``messages``) and sampling fields, plus ``n_top``
 (candidates kept per stage), ``steps`` (tokens traced, each appended before the next), ``generated`` (tokens already
-chosen after the prompt) and ``last_step_only`` (stages of the last step only: the page steps by tracing ``steps: N
-+ 1`` from the prompt, one random stream, exactly a completion's tokens), and answers with the candidates after
+chosen after the prompt) and ``last_step_only`` (stages of the last step only: the page steps by tracing ``steps``
+= N + 1 from the prompt, one random stream, exactly a completion's tokens), and answers with the candidates after
 every stage of the chain, what each stage removed or changed and why (``samplechain.trace``). The trace runs on the
 engine thread (``Engine.call``), between two steps, in a context of its own, so it never runs the model beside the
 slots; its tokens are those a completion with the same parameters generates. The page is static (``static/``: HTML,
