@@ -403,9 +403,9 @@ class Engine:
             self._emit(s, events)
 
     def _make_room(self, n: int) -> None:
-        """A unified cache with fewer than ``n`` free cells: idle slots give theirs up, least recently used first
+        """A unified cache with fewer than ``n`` free cells: idle slots give theirs up, one by one in slot order
         (llama-server's ``try_clear_idle_slots``)."""
-        for s in sorted((s for s in self.slots if not s.busy and s.seq.tokens), key=lambda s: s.t_used):
+        for s in [s for s in self.slots if not s.busy and s.seq.tokens]:
             if self.ctx.kv.n_free() >= n:
                 return
             s.seq.clear()

@@ -164,10 +164,10 @@ def served_model(model: Any, config: ServerConfig) -> Any:
         default = {"enable_thinking": config.enable_thinking}
         render = type(model).apply_chat_template
 
-        def apply_chat_template(messages: Any, add_generation_prompt: bool = True, *,
-                                enable_thinking: bool | None = None, template_kwargs: Any = None) -> str:
-            return render(served, messages, add_generation_prompt, enable_thinking=enable_thinking,
-                          template_kwargs={**default, **(template_kwargs or {})})
+        def apply_chat_template(messages: Any, add_generation_prompt: bool = True, *, template_kwargs: Any = None,
+                                **kwargs: Any) -> str:
+            kwargs["template_kwargs"] = {**default, **(template_kwargs or {})}
+            return render(served, messages, add_generation_prompt, **kwargs)
 
         served.apply_chat_template = apply_chat_template
     return served
