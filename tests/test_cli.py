@@ -107,6 +107,15 @@ def test_n_probs_prints_each_tokens_top_probabilities(capsys):
     (["serve", "-b", "0"], "-b/--batch-size must be positive, got 0"),
     (["serve", "--timeout", "0"], "--timeout: must be >= 1, got 0"),
     (["serve", "--shutdown-grace", "-1"], "--shutdown-grace: must be >= 0, got -1"),
+    (["serve", "--slot-save-path", "/nonexistent/slots"], "--slot-save-path: not a directory: /nonexistent/slots"),
+    (["serve", "--no-jinja", "--chat-template", "{{ x }}"], "the supplied chat template is not supported: '{{ x }}'"),
+    (["serve", "--chat-template", "{% if %}"], "the supplied chat template is not supported: chat template does not"),
+    (["serve", "--chat-template-file", "/nonexistent.jinja"], "--chat-template-file: cannot read /nonexistent.jinja"),
+    (["serve", "-ctk", "q3_k"], "-ctk/--cache-type-k: unsupported cache type 'q3_k'"),
+    (["serve", "-fa", "maybe"], "-fa/--flash-attn: unknown value 'maybe' (on, off or auto)"),
+    (["serve", "--reasoning", "maybe"], "--reasoning: unknown value 'maybe' (on, off or auto)"),
+    (["serve", "--sleep-idle-seconds", "0"], "--sleep-idle-seconds: cannot be 0 or less than -1, got 0"),
+    (["serve", "--host", " , "], "--host requires at least one address"),
 ])
 def test_bad_values_are_one_line_usage_errors(args, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -203,3 +212,36 @@ def test_bad_draft_numbers_are_usage_errors(capsys):
     with pytest.raises(SystemExit) as e:
         main(["generate", "--draft-max", "-1"])
     assert e.value.code == 2 and "--draft-max" in capsys.readouterr().err
+
+
+def test_serve_takes_llama_servers_flags(monkeypatch, capsys, tmp_path):
+    """Each flag of llama-server's test suite: its meaning in the server's config, or one note where it has none."""
+    import samplechain.server.app as app
+
+    got = []
+    monkeypatch.setattr(app, "serve", lambda config, log_level: got.append((config, log_level)) or 0)
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages[0]['content'] }}")
+    assert main(["serve", "--jinja", "--chat-template-file", str(template), "-v", "--kv-unified", "--alias",
+                 "b, a", "--tags", "chat,small", "--no-ui", "--host", "127.0.0.1,::1", "--slot-save-path",
+                 str(tmp_path), "--reasoning-format", "none", "--reasoning", "off", "-fa", "on", "--offline",
+                 "--sleep-idle-seconds", "5", "--cache-ram", "100", "--no-cache-idle-slots", "-ctk", "q8_0", "-ctv",
+                 "q8_0", "--swa-full", "--grp-attn-n", "2", "--grp-attn-w", "512", "--backend_sampling",
+                 "--no-slots"]) == 0
+    config, log_level = got[0]
+    assert (config.chat_template, config.use_jinja, config.kv_unified, config.ui) == (
+        "{{ messages[0]['content'] }}", True, True, False)
+    assert (config.alias, config.tags, config.host, config.slot_save_path) == (
+        ("b", "a"), ("chat", "small"), "127.0.0.1,::1", str(tmp_path))
+    assert (config.reasoning_format, config.enable_thinking, config.defaults.verbose, log_level) == (
+        "none", False, True, "debug")
+    assert config.defaults.params.backend_sampling is True and config.slots is False
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
+    assert [n.split(":")[1].strip() for n in notes] == [
+        "--offline", "-fa", "--sleep-idle-seconds", "--cache-ram / --cache-idle-slots", "-ctk / -ctv", "--swa-full",
+        "--grp-attn-n / --grp-attn-w"]
+    got.clear()
+    assert main(["serve", "--no-jinja", "--chat-template", "llama3"]) == 0
+    config = got[0][0]
+    assert (config.chat_template, config.use_jinja, config.enable_thinking, config.defaults.verbose) == (
+        "llama3", False, None, False)

@@ -23,6 +23,20 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
 
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None,
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        """llama.cpp reads ``--a_b`` as ``--a-b`` (llama-server's test suite passes ``--backend_sampling``)."""
+        if args is not None:
+            args = [self._dashed(a) for a in args]
+        return super().parse_known_args(args, namespace)
+
+    def _dashed(self, arg: str) -> str:
+        name, eq, value = arg.partition("=")
+        fixed = name.replace("_", "-")
+        if name.startswith("--") and name not in self._option_string_actions and fixed in self._option_string_actions:
+            return fixed + eq + value
+        return arg
+
 
 def add_sampling_arguments(parser_or_group: argparse.ArgumentParser | argparse._ArgumentGroup, *,
                            constraints: argparse._ArgumentGroup | None = None,
@@ -136,7 +150,9 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     sv = sub.add_parser("serve", help="HTTP server: llama-server's and OpenAI's API, continuously batched")
     o = sv.add_argument_group("server")
     o.add_argument("-m", "--model", default=None, help="GGUF file, or a packaged model: smollm2 (default), gemma3-270m")
-    o.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    o.add_argument("--host", default="127.0.0.1",
+                   help="addresses to listen on, comma-separated, or Unix socket paths ending in .sock; with several "
+                        "addresses :: binds IPv6 only (default 127.0.0.1)")
     o.add_argument("--port", type=_non_negative_int, default=8080, help="port (default 8080; 0 = any free port)")
     o.add_argument("-np", "--parallel", type=int, default=-1,
                    help="slots: requests generated at once (-1 = auto: 4)")
@@ -169,6 +185,29 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     o.add_argument("-cb", "--cont-batching", action="store_true", default=True,
                    help="continuous batching (always on)")
     o.add_argument("-a", "--alias", default=None, help="model id(s) for the API, comma-separated")
+    o.add_argument("--tags", default=None, help="model tags, comma-separated (informational: /v1/models)")
+    o.add_argument("-kvu", "--kv-unified", dest="kv_unified", action="store_true", default=False,
+                   help="the slots share one KV pool of -c cells, each may use all of it (default: a stream of "
+                        "-c / -np cells per slot, so a slot's text never depends on the others)")
+    o.add_argument("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false")
+    o.add_argument("--ui", "--webui", dest="ui", action="store_true", default=True,
+                   help="serve the sampler-chain visualizer at / (default)")
+    o.add_argument("--no-ui", "--no-webui", dest="ui", action="store_false")
+    o.add_argument("--slot-save-path", default=None,
+                   help="folder for POST /slots/{id}?action=save|restore (a slot's KV cells in a file)")
+    o.add_argument("--jinja", dest="jinja", action="store_true", default=True,
+                   help="render chat templates with jinja (default, as llama-server)")
+    o.add_argument("--no-jinja", dest="jinja", action="store_false",
+                   help="only llama.cpp's built-in chat templates (detected from the model's)")
+    o.add_argument("--chat-template", default=None,
+                   help="chat template: a built-in name (chatml, llama3, gemma, mistral-v7, ...) or jinja source")
+    o.add_argument("--chat-template-file", default=None, help="chat template (jinja source) read from a file")
+    o.add_argument("--reasoning-format", default="auto", choices=("none", "auto", "deepseek", "deepseek-legacy"),
+                   help="a chat request's default reasoning_format: none leaves thoughts in the content")
+    o.add_argument("-rea", "--reasoning", default="auto",
+                   help="thinking in chat templates: on, off or auto (the template's default)")
+    o.add_argument("-v", "--verbose", "--log-verbose", action="store_true",
+                   help="debug logging, and __verbose in every response (unless a request sets verbose false)")
     o.add_argument("--metrics", action="store_true", help="enable /metrics")
     o.add_argument("--slots", dest="slots", action="store_true", default=True, help="enable /slots (default)")
     o.add_argument("--no-slots", dest="slots", action="store_false")
@@ -180,6 +219,19 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--no-cache-prompt", dest="cache_prompt", action="store_false")
     o.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                    help="HTTP server log level")
+    n = sv.add_argument_group("llama-server flags that mean nothing here (accepted, with a note)")
+    n.add_argument("--offline", action="store_true", help="nothing is ever downloaded")
+    n.add_argument("-fa", "--flash-attn", default=None, help="on|off|auto: the attention kernels are chosen by measure")
+    n.add_argument("--sleep-idle-seconds", type=int, default=-1, help="the model stays loaded")
+    n.add_argument("-cram", "--cache-ram", type=int, default=None, help="no host-memory prompt cache")
+    n.add_argument("--cache-idle-slots", dest="cache_idle_slots", action="store_true", default=None,
+                   help="idle slots keep their cells")
+    n.add_argument("--no-cache-idle-slots", dest="cache_idle_slots", action="store_false")
+    n.add_argument("-ctk", "--cache-type-k", default=None, help="the KV cache keeps the model's compute type")
+    n.add_argument("-ctv", "--cache-type-v", default=None, help="the KV cache keeps the model's compute type")
+    n.add_argument("--swa-full", action="store_true", help="sliding-window layers keep every cell already")
+    n.add_argument("-gan", "--grp-attn-n", type=int, default=None, help="no group attention (self-extend)")
+    n.add_argument("-gaw", "--grp-attn-w", type=int, default=None, help="no group attention (self-extend)")
     s = sv.add_argument_group("sampling: every request's defaults (llama.cpp's flags and defaults)")
     add_sampling_arguments(s)
     _add_spec_arguments(sv.add_argument_group("speculative decoding per slot (n-gram drafters; same text as without)"))
@@ -257,6 +309,50 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"-b/--batch-size must be positive, got {args.batch_size}")
     if args.n_predict < -1:
         parser.error(f"-n/--n-predict must be -1 or more, got {args.n_predict}")
+    if not [h for h in args.host.split(",") if h.strip()]:
+        parser.error("--host requires at least one address")
+    if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
+        parser.error(f"--slot-save-path: not a directory: {args.slot_save_path}")
+    reasoning = {"on": True, "enabled": True, "true": True, "1": True, "off": False, "disabled": False,
+                 "false": False, "0": False, "auto": None}
+    if args.reasoning not in reasoning:
+        parser.error(f"--reasoning: unknown value {args.reasoning!r} (on, off or auto)")
+    template = args.chat_template
+    if args.chat_template_file is not None:
+        try:
+            with open(args.chat_template_file, encoding="utf-8") as f:
+                template = f.read()
+        except OSError as e:
+            parser.error(f"--chat-template-file: cannot read {args.chat_template_file}: {e.strerror}")
+    if template is not None:
+        from samplechain.server.state import chat_template
+
+        try:
+            chat_template(None, template, args.jinja)
+        except ValueError as e:
+            parser.error(str(e))
+    kv_types = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+    for flag, value in (("-ctk/--cache-type-k", args.cache_type_k), ("-ctv/--cache-type-v", args.cache_type_v)):
+        if value is not None and value not in kv_types:
+            parser.error(f"{flag}: unsupported cache type {value!r} ({', '.join(kv_types)})")
+    if args.flash_attn is not None and args.flash_attn not in ("on", "off", "auto", "enabled", "disabled", "true",
+                                                               "false", "1", "0"):
+        parser.error(f"-fa/--flash-attn: unknown value {args.flash_attn!r} (on, off or auto)")
+    if args.sleep_idle_seconds == 0 or args.sleep_idle_seconds < -1:
+        parser.error(f"--sleep-idle-seconds: cannot be 0 or less than -1, got {args.sleep_idle_seconds}")
+    notes = [(args.offline, "--offline: samplechain never downloads anything"),
+             (args.flash_attn is not None, "-fa: the attention kernels are chosen by measurement"),
+             (args.sleep_idle_seconds > 0, "--sleep-idle-seconds: the model stays loaded"),
+             (args.cache_ram is not None or args.cache_idle_slots is not None,
+              "--cache-ram / --cache-idle-slots: each slot keeps its prompt in its own cells; no host-memory cache"),
+             (args.cache_type_k is not None or args.cache_type_v is not None,
+              "-ctk / -ctv: the KV cache keeps the model's compute type"),
+             (args.swa_full, "--swa-full: sliding-window layers keep every cell already"),
+             (args.grp_attn_n is not None or args.grp_attn_w is not None,
+              "--grp-attn-n / --grp-attn-w: no group attention here (llama-server ignores it too)")]
+    for given, note in notes:
+        if given:
+            print(f"note: {note}", file=sys.stderr)
     from samplechain.runtime.generation import model_path, resolve_device
 
     model_path(args.model)  # a missing model or device is one line now, not a server that cannot load
@@ -264,7 +360,8 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     params = params_from_args(args)
     _check_constraint(params)
     defaults = Defaults(params=params, n_predict=args.n_predict, n_keep=args.keep,
-                        stop=tuple(r for r in args.reverse_prompt if r), cache_prompt=args.cache_prompt)
+                        stop=tuple(r for r in args.reverse_prompt if r), cache_prompt=args.cache_prompt,
+                        verbose=args.verbose)
     if args.model_draft is not None or "draft-simple" in {t.strip() for v in _spec_types(args) for t in v.split(",")}:
         parser.error("serve drafts with the n-gram drafters only (draft-simple / -md are for generate)")
     _speculation(args, None)  # bad drafter names and lengths are usage errors now, not at the first request
@@ -275,10 +372,12 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         kernel=args.kernel, api_keys=_api_keys(args), cors_origins=args.cors_origins,
         cors_methods=args.cors_methods, cors_headers=args.cors_headers, cors_credentials=args.cors_credentials,
         timeout=args.timeout, shutdown_grace=args.shutdown_grace, metrics=args.metrics, slots=args.slots,
-        props=args.props,
-        alias=tuple(a for a in (args.alias or "").split(",") if a), context_shift=args.context_shift,
-        special=args.special, defaults=defaults)
-    return run_server(config, log_level=args.log_level)
+        props=args.props, alias=tuple(a.strip() for a in (args.alias or "").split(",") if a.strip()),
+        tags=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()), kv_unified=args.kv_unified,
+        ui=args.ui, slot_save_path=args.slot_save_path, use_jinja=args.jinja, chat_template=template,
+        reasoning_format=args.reasoning_format, enable_thinking=reasoning[args.reasoning],
+        context_shift=args.context_shift, special=args.special, defaults=defaults)
+    return run_server(config, log_level="debug" if args.verbose else args.log_level)
 
 
 def _check_constraint(params: SamplingParams) -> None:

@@ -21,4 +21,5 @@ def test_every_slot_gives_the_same_text(smol):
         slots = call(s, "GET", "/slots").json()
     assert len(texts) == 1
     assert [x["n_ctx"] for x in slots] == [256, 256, 256]
-    assert all(x["n_prompt_tokens"] == 2 and x["next_token"][0]["n_decoded"] == 20 for x in slots)
+    # idle, as llama-server shows a released slot: the cells it holds, its counters reset
+    assert all(x["n_prompt_tokens"] == 2 + 20 - 1 and x["next_token"][0]["n_decoded"] == 0 for x in slots)

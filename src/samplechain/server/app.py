@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,8 +34,10 @@ from samplechain.server.state import ServerConfig, ServerState
 
 __all__ = ["BackgroundServer", "Gate", "HTTPServer", "ServerConfig", "ServerState", "create_app", "serve", "start"]
 
-# the visualizer's page and assets are public, as llama-server's UI is (its API calls need the key)
-PUBLIC_PATHS = ("/health", "/v1/health", *visualizer.PAGE_PATHS)
+# the visualizer's page and assets and the web UI's public files are public, as llama-server's UI is (its API calls
+# need the key)
+FRONTEND_PATHS = (*visualizer.PAGE_PATHS, *routes_native.UI_FILES)
+PUBLIC_PATHS = ("/health", "/v1/health", *FRONTEND_PATHS)
 
 
 # --- middleware: CORS, readiness, API key, body limit, errors ---------------------------------------------------
@@ -98,12 +101,16 @@ class Gate:
             await _error(send_with, APIError(403, f"Origin {origin!r} is not allowed (see --cors-origins)",
                                              "permission_error"))
             return
-        if not self.state.ready.is_set():
+        frontend = path in FRONTEND_PATHS or path.startswith(visualizer.ASSET_PREFIX)
+        if not self.state.config.ui and frontend and path != "/sw.js":  # --no-ui (the worker that removes itself stays)
+            await _error(send_with, APIError(404, "File Not Found", "not_found_error"))
+            return
+        if not self.state.ready.is_set() and not frontend:  # the page may load (and show that the model loads)
             message = "Loading model" if self.state.error is None else f"Model failed to load: {self.state.error}"
             await _error(send_with, APIError(503, message, "unavailable_error"))
             return
         keys = self.state.config.api_keys
-        if keys and path not in PUBLIC_PATHS and not path.startswith(visualizer.ASSET_PREFIX):
+        if keys and path not in PUBLIC_PATHS and not frontend:
             given = headers.get("authorization")
             given = given[7:] if given is not None and given.startswith("Bearer ") else given
             if given is None:
@@ -208,11 +215,27 @@ class HTTPServer:
                     for sig, handler in previous.items():
                         signal.signal(sig, handler)
 
+        self.sockets = listen(c.host, c.port)
         self.server = Server(uvicorn.Config(
             Gate(create_app(state), state), host=c.host, port=c.port, log_level=log_level, backlog=backlog,
             http=timed(c.head_timeout, c.timeout), timeout_keep_alive=5, server_header=False,
             # a backstop only: the engine cuts every task at the end of the grace period (after its step)
             timeout_graceful_shutdown=max(c.shutdown_grace, 0) + 30))
+
+    @property
+    def urls(self) -> list[str]:
+        """Where it listens: ``http://host:port`` per TCP address, the path of a Unix socket."""
+        out = []
+        for sock in self.sockets:
+            if sock.family == getattr(socket, "AF_UNIX", None):
+                out.append(sock.getsockname())
+            else:
+                host, port = sock.getsockname()[:2]
+                out.append(f"http://{f'[{host}]' if ':' in host else host}:{port}")
+        return out
+
+    def run(self) -> None:
+        self.server.run(sockets=self.sockets)
 
     def _on_signal(self, sig: int, frame: Any) -> None:
         """On the main thread, between two bytecodes: it may have interrupted a ``queue.put`` there, so the
@@ -240,7 +263,7 @@ class BackgroundServer:
         self.state.wait()
         self.http = HTTPServer(self.state, log_level)
         self.server = self.http.server
-        self.thread = threading.Thread(target=self.server.run, name="samplechain-http", daemon=True)
+        self.thread = threading.Thread(target=self.http.run, name="samplechain-http", daemon=True)
         self.thread.start()
         deadline = time.time() + 60
         while not self.server.started:
@@ -248,8 +271,8 @@ class BackgroundServer:
                 self.state.close()
                 raise RuntimeError(f"the server did not start on {config.host}:{config.port}")
             time.sleep(0.01)
-        self.port = self.server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://{config.host}:{self.port}"
+        self.port = self.http.sockets[0].getsockname()[1]
+        self.url = self.http.urls[0]
 
     def close(self) -> None:
         self.server.should_exit = True
@@ -269,6 +292,45 @@ class BackgroundServer:
         self.close()
 
 
+def listen(hosts: str, port: int) -> list[socket.socket]:
+    """Listening sockets for llama-server's ``--host``: comma-separated addresses, each bound to ``port`` (``0``: the
+    first picks a free port and the others take the same one), or Unix socket paths ending in ``.sock``. With
+    several addresses, ``::`` binds IPv6 only (``IPV6_V6ONLY``). OSError names the address that failed."""
+    names = [h.strip() for h in hosts.split(",") if h.strip()]
+    if not names:
+        raise ValueError("--host requires at least one address")
+    out: list[socket.socket] = []
+    try:
+        for name in names:
+            if name.endswith(".sock"):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                if os.path.exists(name):
+                    os.unlink(name)
+                sock.bind(name)
+            else:
+                host = name[1:-1] if name.startswith("[") and name.endswith("]") else name
+                family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                                     flags=socket.AI_PASSIVE)[0]
+                sock = socket.socket(family, kind, proto)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6 and len(names) > 1:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                try:
+                    sock.bind(address)
+                except OSError as e:
+                    sock.close()
+                    raise OSError(e.errno, f"couldn't bind HTTP server socket, hostname: {name}, port: {port}: "
+                                           f"{e.strerror}") from None
+                port = sock.getsockname()[1]
+            sock.set_inheritable(True)
+            out.append(sock)
+    except BaseException:
+        for sock in out:
+            sock.close()
+        raise
+    return out
+
+
 def start(model: Any = None, **config: Any) -> BackgroundServer:
     """Start a server in the background: ``model`` a loaded ``Model`` (default: load ``config['model']`` or the
     packaged SmolLM2), ``config`` fields of :class:`ServerConfig` (``port=0``, the default here, picks a free port)."""
@@ -282,7 +344,11 @@ def serve(config: ServerConfig, log_level: str = "warning") -> int:
     import sys
 
     state = ServerState(config)
-    http = HTTPServer(state, log_level, backlog=512)
+    try:
+        http = HTTPServer(state, log_level, backlog=512)
+    except (OSError, socket.gaierror) as e:
+        print(f"samplechain serve: error: {e.strerror or e}", file=sys.stderr)
+        return 1
 
     def failed() -> None:
         print(f"samplechain serve: error: {state.error}", file=sys.stderr)
@@ -298,10 +364,9 @@ def serve(config: ServerConfig, log_level: str = "warning") -> int:
     if config.cors_origins == "*" and not config.api_keys:
         print("warning: CORS allows every origin and no API key is set; any web page can use the model",
               file=sys.stderr)
-    print(f"samplechain serve: listening on http://{config.host}:{config.port} ({config.n_slots} slots)",
-          file=sys.stderr)
+    print(f"samplechain serve: listening on {', '.join(http.urls)} ({config.n_slots} slots)", file=sys.stderr)
     try:
-        http.server.run()
+        http.run()
     finally:
         state.close()
     status = 1 if state.error is not None else 0

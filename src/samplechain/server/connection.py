@@ -7,6 +7,11 @@ connection, and with it a task, for ever. This protocol closes a connection whos
 after it started, whose writes stay blocked (the client reads nothing) for
 ``io_timeout`` seconds (``--timeout``, llama-server's read/write timeout), or that was answered before its body
 ended. Any cancelled response then cancels its tasks, as a client that left.
+
+Header names go out in llama-server's spelling (``Content-Type``, ``Access-Control-Allow-Origin``,
+``Process-Start-Time-Unix``): ASGI applications and uvicorn give them lowercased, and HTTP says case does not matter,
+but clients that look names up case-sensitively break. They are respelled where the bytes are made: the h11
+connection that writes each response head.
 """
 
 from __future__ import annotations
@@ -18,6 +23,24 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 TICK = 0.5  # seconds between two checks of a connection's clocks
+_SPELLING = {b"etag": b"ETag", b"www-authenticate": b"WWW-Authenticate"}  # where capitalising each word is not it
+
+
+def header_name(name: bytes) -> bytes:
+    """A header name as cpp-httplib / llama-server write it: each dash-separated word capitalised."""
+    lower = name.lower()
+    return _SPELLING.get(lower) or b"-".join(w[:1].upper() + w[1:] for w in lower.split(b"-"))
+
+
+class SpelledConnection(h11.Connection):
+    """An h11 connection that writes response header names in llama-server's spelling (h11 writes names as given;
+    the ones it adds itself, ``Content-Length``, ``Transfer-Encoding``, ``Connection``, it capitalises already)."""
+
+    def send(self, event: Any) -> bytes | None:  # type: ignore[override]
+        if isinstance(event, (h11.Response, h11.InformationalResponse)):
+            event = type(event)(status_code=event.status_code, reason=event.reason, http_version=event.http_version,
+                                headers=[(header_name(n), v) for n, v in event.headers.raw_items()])
+        return super().send(event)
 
 
 class TimedH11Protocol(H11Protocol):
@@ -25,6 +48,11 @@ class TimedH11Protocol(H11Protocol):
 
     head_timeout = 10.0
     io_timeout = 600.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        size = self.config.h11_max_incomplete_event_size
+        self.conn = SpelledConnection(h11.SERVER) if size is None else SpelledConnection(h11.SERVER, size)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)

@@ -3,10 +3,12 @@
 Each slot runs one task (one completion choice) at a time in its own sequence of the cache: a ``Sequence`` and,
 while the task runs, a ``Decoder`` (runtime/decoding.py) that owns everything about the generation itself. The
 engine only schedules: which slots step, one batch of every generating slot's ``Decoder.feed()`` plus chunks of the
-prompts still being read, one forward, and each output block back to its slot's decoder. The cache is not unified:
-every slot has its own stream of ``n_ctx / n_slots`` cells, so a sequence's cells, and with the batch-invariant
-forward its logits, do not depend on what the other slots do; each task samples with its own ``CommonSampler``
-(its own seed). Same seed, same text, whatever else runs.
+prompts still being read, one forward, and each output block back to its slot's decoder. By default the cache is
+not unified: every slot has its own stream of ``n_ctx / n_slots`` cells, so a sequence's cells, and with the
+batch-invariant forward its logits, do not depend on what the other slots do; each task samples with its own
+``CommonSampler`` (its own seed). Same seed, same text, whatever else runs. With ``kv_unified`` (llama-server's
+``--kv-unified``) the slots share one pool of ``n_ctx`` cells, each may use all of it, and a step that finds the pool
+full first empties idle slots, then fails the running tasks ("Context size has been exceeded.").
 
 HTTP handlers only submit tasks and read events; everything that touches the model runs on the engine thread.
 """
@@ -26,6 +28,7 @@ from samplechain.params import CommonSampler, SamplingParams
 from samplechain.runtime.decoding import Decoder, Rules
 from samplechain.runtime.events import Begin, Error, Event, Final, Progress, Token
 from samplechain.runtime.generation import Model
+from samplechain.runtime.kv_cache import KVCacheFull
 from samplechain.runtime.sequence import Sequence as CacheSequence
 
 SLOT_PROMPT_SIMILARITY = 0.10
@@ -83,14 +86,21 @@ class Slot:
         return self.decoder is not None and self.decoder.last is None
 
     def info(self) -> tuple[bool, dict[str, Any] | None]:
-        """For ``/slots``: whether a task runs, and what it (or, idle, the last task) did. Safe from any thread."""
+        """For ``/slots``: whether a task runs, and what it does; idle, the last task's id and parameters with the
+        counters reset, as llama-server's released slot shows them (its cells' tokens, nothing decoded, no budget).
+        Safe from any thread."""
         running = self.running
         if running is None:
-            return False, self.last_task
+            last = self.last_task
+            if last is None:
+                return False, None
+            return False, {**last, "n_prompt_tokens": len(self.seq.tokens), "n_prompt_tokens_processed": 0,
+                           "n_prompt_tokens_cache": 0, "n_decoded": 0, "n_remain": -1, "has_new_line": False}
         task, d = running
         return True, {"id_task": task.id, "n_prompt_tokens": len(task.tokens),
                       "n_prompt_tokens_processed": d.timings.n_prompt, "n_prompt_tokens_cache": d.timings.n_reused,
                       "params": task.params, "n_decoded": len(d.generated), "n_predict": task.n_predict,
+                      "n_remain": -1 if task.n_predict < 0 else max(task.n_predict - len(d.generated), 0),
                       "has_new_line": d.has_new_line}
 
 
@@ -99,21 +109,24 @@ class Engine:
 
     def __init__(self, model: Model, n_slots: int = 4, n_ctx: int = 0, n_batch: int = 512,
                  context_shift: bool = False, special: bool = False,
-                 speculation: Callable[[], Any] | None = None) -> None:
+                 speculation: Callable[[], Any] | None = None, kv_unified: bool = False) -> None:
         if n_slots < 1:
             raise ValueError(f"the number of slots must be positive, got {n_slots}")
         n_ctx = n_ctx or model.config.n_ctx_train
         if n_ctx // n_slots < 8:
             raise ValueError(f"a context of {n_ctx} cells is too small for {n_slots} slots")
         self.model, self.vocab = model, model.vocab
-        self.n_ctx_slot = n_ctx // n_slots
+        self.kv_unified = kv_unified
+        self.n_ctx_slot = n_ctx if kv_unified else n_ctx // n_slots
         self.n_batch, self.context_shift, self.special = n_batch, context_shift, special
         self.speculation = speculation
         self._batch_samplers: dict[tuple[int, ...], Any] = {}
-        self.ctx = model.new_context(self.n_ctx_slot * n_slots, n_seq_max=n_slots, n_batch=n_batch, kv_unified=False)
+        self.ctx = model.new_context(n_ctx if kv_unified else self.n_ctx_slot * n_slots, n_seq_max=n_slots,
+                                     n_batch=n_batch, kv_unified=kv_unified)
         self.slots = [Slot(i, CacheSequence(self.ctx, i, self.n_ctx_slot)) for i in range(n_slots)]
         self._inbox: queue.Queue[Task | Callable[[], None] | None] = queue.Queue()
         self._deferred: deque[Task] = deque()
+        self._slot_calls: deque[tuple[Slot, Callable[[Slot], Any], Future]] = deque()  # waiting for their slot
         self._next_id = 0
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -184,6 +197,26 @@ class Engine:
         self._inbox.put(run)
         return future
 
+    def call_on_slot(self, id_slot: int, fn: Callable[[Slot], Any]) -> Future:
+        """Run ``fn(slot)`` on the engine thread between two steps, once slot ``id_slot`` is idle (a busy slot
+        defers it, as llama-server defers a slot action): saving, restoring or erasing the slot's cells."""
+        future: Future = Future()
+        slot = self.slots[id_slot]
+        self.call(lambda: self._slot_calls.append((slot, fn, future)))
+        return future
+
+    def _run_slot_calls(self) -> None:
+        waiting: deque[tuple[Slot, Callable[[Slot], Any], Future]] = deque()
+        for slot, fn, future in self._slot_calls:
+            if slot.busy:
+                waiting.append((slot, fn, future))
+            elif future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(slot))
+                except BaseException as e:
+                    future.set_exception(e)
+        self._slot_calls = waiting
+
     @property
     def n_deferred(self) -> int:
         return len(self._deferred)
@@ -219,10 +252,13 @@ class Engine:
             self._check_drain()
 
     def _schedule(self) -> None:
-        """Cancelled tasks leave; deferred tasks take idle slots, in order (spec/server.md §7.1)."""
+        """Cancelled tasks leave; slot actions waiting for their slot run; deferred tasks take idle slots, in order
+        (spec/server.md §7.1)."""
         for s in self.slots:
             if s.busy and s.task.cancelled.is_set():
                 self._release(s)
+        if self._slot_calls:
+            self._run_slot_calls()
         kept: deque[Task] = deque()
         while self._deferred:
             task = self._deferred.popleft()
@@ -330,8 +366,17 @@ class Engine:
             return
         if self.step_hook is not None:
             self.step_hook()
+        if self.kv_unified:
+            self._make_room(len(tokens))
         t0 = time.perf_counter()
-        logits = self.ctx.decode(tokens, positions=positions, seq_ids=seqs, outputs=outputs)
+        try:
+            logits = self.ctx.decode(tokens, positions=positions, seq_ids=seqs, outputs=outputs)
+        except KVCacheFull:  # only with a unified cache: the slots together outgrew the pool
+            for s in self.slots:
+                if s.busy:
+                    self._fail(s, "Context size has been exceeded.")
+                    s.seq.clear()  # what this step wrote of it is not known: nothing of it is kept
+            return
         elapsed = time.perf_counter() - t0
         self.metrics.add_decode(len(tokens), sum(1 for s in self.slots if s.busy))
         for s, batch in stepping:  # in the cache now (rejected drafts leave it after verification)
@@ -356,6 +401,14 @@ class Engine:
                 self._fail(s, str(e), 400)
                 continue
             self._emit(s, events)
+
+    def _make_room(self, n: int) -> None:
+        """A unified cache with fewer than ``n`` free cells: idle slots give theirs up, one by one in slot order
+        (llama-server's ``try_clear_idle_slots``)."""
+        for s in [s for s in self.slots if not s.busy and s.seq.tokens]:
+            if self.ctx.kv.n_free() >= n:
+                return
+            s.seq.clear()
 
     def _emit(self, s: Slot, events: list[Token | Final]) -> None:
         d, task = s.decoder, s.task

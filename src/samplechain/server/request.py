@@ -155,6 +155,7 @@ class Defaults:
     n_keep: int = 0
     stop: tuple[str, ...] = ()
     cache_prompt: bool = True
+    verbose: bool = False  # --verbose: every response carries ``__verbose`` unless the request says otherwise
 
 
 def _get(body: Mapping[str, Any], *names: str) -> tuple[str, Any]:
@@ -234,7 +235,7 @@ def parse_options(body: Mapping[str, Any], defaults: Defaults, n_slots: int) -> 
         return_progress=_bool(body, "return_progress", False),
         timings_per_token=_bool(body, "timings_per_token", False),
         response_fields=tuple(fields or ()),
-        verbose=_bool(body, "verbose", False),
+        verbose=_bool(body, "verbose", defaults.verbose),
     )
 
 
@@ -322,6 +323,24 @@ def chat_logprobs(body: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
         raise bad_request("Field 'top_logprobs': must be an integer in [0, 20]")
     return {"n_probs": max(top, 1)}
+
+
+def valid_filename(name: str) -> bool:
+    """A file name a client may give (``/slots`` save and restore), as llama.cpp's ``fs_validate_filename``: one
+    path component of 1 to 255 bytes, no control or reserved characters (``/ \\ : * ? " < > |`` and their
+    look-alikes), no leading or trailing space, no trailing dot, no ``..``."""
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    if not 0 < size <= 255 or name == "." or ".." in name or name[0] == " " or name[-1] in " .":
+        return False
+    for ch in name:
+        c = ord(ch)
+        if (c <= 0x1F or c == 0x7F or 0x80 <= c <= 0x9F or c in (0xFF0E, 0x2215, 0x2216, 0xFFFD, 0xFEFF)
+                or 0xD800 <= c <= 0xDFFF or ch in ':*?"<>|/\\'):
+            return False
+    return True
 
 
 def finite(x: float) -> float | None:

@@ -12,6 +12,7 @@ from typing import Any
 from fastapi.responses import Response
 
 from samplechain.params import SamplingParams
+from samplechain.runtime.decoding import Timings
 from samplechain.runtime.events import Error, Final, Progress, Token
 from samplechain.server.request import APIError, Options, finite
 
@@ -136,9 +137,23 @@ def prompt_progress(ev: Progress) -> dict[str, Any]:
     return {"total": ev.total, "cache": ev.cache, "processed": ev.processed, "time_ms": ev.time_ms}
 
 
-def native_progress(ev: Progress, index: int = 0) -> dict[str, Any]:
-    return {"index": index, "content": "", "tokens": [], "stop": False, "id_slot": ev.id_slot,
-            "tokens_predicted": 0, "tokens_evaluated": ev.n_prompt, "prompt_progress": prompt_progress(ev)}
+def progress_timings(ev: Progress) -> dict[str, Any]:
+    """The ``timings`` of a progress event (``timings_per_token``), as llama-server's slot counts them while it reads
+    the prompt: the tokens decoded so far and the time to the last prompt batch; all zeros before the first batch,
+    nothing predicted yet."""
+    n = ev.processed - ev.cache
+    t = ev.time_ms / 1e3 if n > 0 else 0.0
+    return Timings(n_reused=ev.cache, n_prompt=n, t_first=t, t_last=t).to_dict()
+
+
+def native_progress(ev: Progress, opts: Options, index: int = 0) -> dict[str, Any]:
+    """A ``prompt_progress`` event of a native ``/completion`` stream (with ``timings`` when asked per token)."""
+    out: dict[str, Any] = {"index": index, "content": "", "tokens": [], "stop": False, "id_slot": ev.id_slot,
+                           "tokens_predicted": 0, "tokens_evaluated": ev.n_prompt}
+    if opts.timings_per_token:
+        out["timings"] = progress_timings(ev)
+    out["prompt_progress"] = prompt_progress(ev)
+    return out
 
 
 def project(obj: dict[str, Any], paths: tuple[str, ...]) -> dict[str, Any]:
@@ -226,7 +241,8 @@ class ChatStream:
         if isinstance(ev, Progress):  # rides on the role chunk, then on empty deltas
             delta0: dict[str, Any] = {} if self.role_sent[index] else {"role": "assistant", "content": None}
             self.role_sent[index] = True
-            return [{"choices": [{"finish_reason": None, "index": index, "delta": delta0}], **env,
+            timings = {"timings": progress_timings(ev)} if self.opts.timings_per_token else {}
+            return [{"choices": [{"finish_reason": None, "index": index, "delta": delta0}], **env, **timings,
                      "prompt_progress": prompt_progress(ev)}]
         out: list[dict[str, Any]] = []
         if not self.role_sent[index]:

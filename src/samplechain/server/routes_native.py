@@ -1,10 +1,13 @@
 """llama-server's native API: ``/completion``, ``/tokenize``, ``/detokenize``, ``/apply-template``, and the
-server's own state: ``/health``, ``/props``, ``/slots``, ``/metrics`` (spec/server.md §3)."""
+server's own state: ``/health``, ``/props``, ``/slots`` (and a slot's cells saved to, restored from and erased into
+``--slot-save-path``), ``/metrics``, and the web UI's public files (spec/server.md §3)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from samplechain.runtime.events import Error, Final, Progress, Token
+from samplechain.runtime.state import StateError, load_seq_state, save_seq_state
 from samplechain.server import request as rq
 from samplechain.server import responses as rs
 from samplechain.server.jobs import prepare_completion
@@ -20,7 +24,22 @@ from samplechain.server.responses import error_event, reply, sse
 from samplechain.server.run import Run, streaming
 
 if TYPE_CHECKING:
+    from samplechain.server.engine import Engine, Slot
     from samplechain.server.state import ServerState
+
+# llama-server's web UI is a PWA: a browser asks for these on its own, without the API key. Here: a service worker
+# that unregisters itself (samplechain's page registers none; a browser that ran llama-server's UI on this address
+# keeps its worker, and would go on showing that UI), the page's manifest and its version file.
+UI_FILES = ("/sw.js", "/manifest.webmanifest", "/_app/version.json")
+_SW_REMOVE = """
+self.addEventListener('install', () => self.skipWaiting());
+self.addEventListener('activate', (e) => e.waitUntil((async () => {
+    await self.registration.unregister();
+    for (const key of await caches.keys()) await caches.delete(key);
+    for (const c of await self.clients.matchAll({ type: 'window' })) c.navigate(c.url);
+})()));
+"""
+_MANIFEST = {"name": "samplechain", "short_name": "samplechain", "start_url": "/", "display": "standalone"}
 
 
 def router(state: ServerState) -> APIRouter:
@@ -127,16 +146,56 @@ def router(state: ServerState) -> APIRouter:
             d: dict[str, Any] = {"id": s.id, "n_ctx": s.n_ctx, "speculative": eng.speculation is not None,
                                  "is_processing": running}
             if last is not None:
-                n_remain = -1 if last["n_predict"] < 0 else max(last["n_predict"] - last["n_decoded"], 0)
                 d.update({k: last[k] for k in ("id_task", "n_prompt_tokens", "n_prompt_tokens_processed",
                                                "n_prompt_tokens_cache")})
                 d["params"] = rs.settings(last["params"], Options(n_predict=last["n_predict"]))
                 d["next_token"] = [{"has_next_token": running,
                                     "has_new_line": running and last["has_new_line"],
-                                    "n_remain": n_remain,
+                                    "n_remain": last["n_remain"],
                                     "n_decoded": last["n_decoded"]}]
             out.append(d)
         return reply(out)
+
+    @routes.post("/slots/{id_slot}")
+    async def slot_action(id_slot: str, req: Request) -> Response:
+        if config.slot_save_path is None:
+            raise APIError(501, "This server does not support slots action. Start it with `--slot-save-path`",
+                           "not_supported_error")
+        eng = state.running_engine
+        try:
+            sid = int(id_slot)
+        except ValueError:
+            raise bad_request("Invalid slot ID") from None
+        action = req.query_params.get("action")
+        if action not in ("save", "restore", "erase"):
+            raise bad_request("Invalid action")
+        filename = ""
+        if action != "erase":
+            name = (await rq.read_json(req)).get("filename")
+            if not isinstance(name, str):
+                raise bad_request("Field 'filename': a file name (a string) is required")
+            if not rq.valid_filename(name):
+                raise bad_request("Invalid filename")
+            filename = name
+        if not 0 <= sid < len(eng.slots):
+            raise bad_request("Invalid slot ID")
+        path = os.path.join(config.slot_save_path, filename)
+        act = {"save": _save, "restore": _restore, "erase": _erase}[action]
+        return reply(await asyncio.wrap_future(eng.call_on_slot(sid, lambda slot: act(eng, slot, path, filename))))
+
+    @routes.get("/sw.js")
+    async def service_worker() -> Response:
+        return Response(_SW_REMOVE, media_type="application/javascript", headers={"Cache-Control": "no-cache"})
+
+    @routes.get("/manifest.webmanifest")
+    async def manifest() -> Response:
+        return Response(json.dumps(_MANIFEST), media_type="application/manifest+json",
+                        headers={"Cache-Control": "no-cache"})
+
+    @routes.get("/_app/version.json")
+    async def ui_version() -> Response:
+        return Response(json.dumps({"version": rs.BUILD_INFO}), media_type="application/json",
+                        headers={"Cache-Control": "no-cache"})
 
     @routes.get("/metrics")
     async def metrics() -> Response:
@@ -198,7 +257,7 @@ def router(state: ServerState) -> APIRouter:
             async for index, ev in run.events():
                 match ev:
                     case Progress():
-                        yield sse(rs.native_progress(ev, index))
+                        yield sse(rs.native_progress(ev, opts, index))
                     case Token():
                         yield sse(rs.native_event(ev, params, opts, index))
                     case Final():
@@ -210,3 +269,40 @@ def router(state: ServerState) -> APIRouter:
         return streaming(events(), run)
 
     return routes
+
+
+# --- a slot's cells in a file: run on the engine thread, between two steps, once the slot is idle -----------------
+
+
+def _save(eng: Engine, slot: Slot, path: str, filename: str) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    tokens = list(slot.seq.tokens)
+    try:
+        n_bytes = save_seq_state(path, eng.ctx.transformer, eng.ctx.kv, slot.id, tokens)
+    except OSError as e:
+        raise APIError(500, f"Unable to save slot: {e.strerror}", "server_error") from None
+    return {"id_slot": slot.id, "filename": filename, "n_saved": len(tokens), "n_written": n_bytes,
+            "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
+
+
+def _restore(eng: Engine, slot: Slot, path: str, filename: str) -> dict[str, Any]:
+    """The file's cells become the slot's (its cached prompt); a file that does not load leaves the slot empty."""
+    t0 = time.perf_counter()
+    slot.seq.clear()
+    try:
+        tokens, n_bytes = load_seq_state(path, eng.ctx.transformer, eng.ctx.kv, slot.id)
+        if len(tokens) > slot.n_ctx:
+            raise StateError(f"{path}: restored prompt does not fit in the slot context")
+    except StateError as e:
+        slot.seq.clear()
+        # the client named the file: the server's folder is no business of its
+        raise bad_request(f"Unable to restore slot: {str(e).replace(path, filename)}") from None
+    slot.seq.appended(tokens)
+    return {"id_slot": slot.id, "filename": filename, "n_restored": len(tokens), "n_read": n_bytes,
+            "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}}
+
+
+def _erase(eng: Engine, slot: Slot, path: str, filename: str) -> dict[str, Any]:
+    n_erased = len(slot.seq.tokens)
+    slot.seq.clear()
+    return {"id_slot": slot.id, "n_erased": n_erased}

@@ -37,8 +37,9 @@ def router(state: ServerState) -> APIRouter:
                 "size": os.path.getsize(m.path), "ftype": ""}
         mid = state.model_id
         return reply({"object": "list",
-                      "data": [{"id": mid, "aliases": sorted(config.alias), "tags": [], "object": "model",
-                                "created": int(time.time()), "owned_by": "samplechain", "meta": meta}],
+                      "data": [{"id": mid, "aliases": sorted(config.alias), "tags": sorted(config.tags),
+                                "object": "model", "created": int(time.time()), "owned_by": "samplechain",
+                                "meta": meta}],
                       "models": [{"name": mid, "model": mid, "modified_at": "", "size": "", "digest": "",
                                   "type": "model", "description": "", "tags": [""], "capabilities": ["completion"],
                                   "parameters": "", "details": {"parent_model": "", "format": "gguf", "family": "",
@@ -110,5 +111,20 @@ def router(state: ServerState) -> APIRouter:
                 yield sse(last)
             yield b"data: [DONE]\n\n"
         return streaming(events(), run)
+
+    @routes.post("/v1/chat/completions/input_tokens")
+    @routes.post("/chat/completions/input_tokens")
+    async def chat_input_tokens(req: Request) -> Response:
+        """The number of prompt tokens a chat request's messages make, rendered and tokenized as the chat route
+        does (llama-server's token counting; nothing runs)."""
+        body = await rq.read_json(req)
+
+        def count() -> int:
+            try:
+                text, _ = rq.chat_prompt(state.model, body)
+            except ValueError as e:
+                raise rq.bad_request(str(e)) from None
+            return len(rq.tokenize_mixed(state.model, text))
+        return reply({"input_tokens": await asyncio.to_thread(count), "object": "response.input_tokens"})
 
     return routes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 import time
@@ -38,6 +39,14 @@ class ServerConfig:
     slots: bool = True
     props: bool = False
     alias: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()  # informational, in /v1/models (llama-server's --tags)
+    kv_unified: bool = False  # the slots share one pool of n_ctx cells (--kv-unified)
+    ui: bool = True  # the page at / (--no-ui: 404)
+    slot_save_path: str | None = None  # folder of /slots/{id}?action=save|restore files; None: 501
+    use_jinja: bool = True  # --jinja (llama-server's default) / --no-jinja: built-in templates only
+    chat_template: str | None = None  # --chat-template(-file): a built-in name or jinja source, over the GGUF's
+    reasoning_format: str = "auto"  # --reasoning-format: a chat request's default reasoning_format
+    enable_thinking: bool | None = None  # --reasoning on / off (None: auto, the template's default)
     context_shift: bool = False
     special: bool = False
     defaults: Defaults = field(default_factory=Defaults)
@@ -70,9 +79,10 @@ class ServerState:
 
                     loaded = load_model(self.config.model, device=self.config.device,
                                         n_threads=self.config.n_threads, kernel=self.config.kernel)
-                self.model = loaded
-                self.engine = Engine(loaded, self.config.n_slots, self.config.n_ctx, self.config.n_batch,
-                                     self.config.context_shift, self.config.special, self.config.speculation)
+                self.model = served_model(loaded, self.config)
+                self.engine = Engine(self.model, self.config.n_slots, self.config.n_ctx, self.config.n_batch,
+                                     self.config.context_shift, self.config.special, self.config.speculation,
+                                     kv_unified=self.config.kv_unified)
             except Exception as e:
                 self.error = f"{type(e).__name__}: {e}"
                 self.failed.set()
@@ -110,3 +120,54 @@ class ServerState:
     def close(self) -> None:
         if self.engine is not None:
             self.engine.stop()
+
+
+def chat_template(gguf_template: str | None, override: str | None, use_jinja: bool) -> str | None:
+    """The chat template a server renders, as llama-server picks it: ``override`` (``--chat-template``: a built-in
+    name, or jinja source) over the GGUF's. With jinja, the source is rendered as is (checked here: it must parse);
+    without (``--no-jinja``), it stands for the built-in template llama.cpp detects from it, and one it cannot
+    detect is refused. None: the GGUF has none (the runtime's built-in one for its turn markers). ValueError with
+    llama-server's message when the template cannot be used."""
+    from samplechain.runtime.chat_template import BUILTINS, detect_builtin, template_caps
+
+    source = override if override else gguf_template
+    if not source:
+        return None
+    if source.strip() in BUILTINS:
+        return source.strip()
+    if use_jinja:
+        try:
+            template_caps(source)
+        except ValueError as e:
+            raise ValueError(f"the supplied chat template is not supported: {e}") from None
+        return source
+    name = detect_builtin(source)
+    if name not in BUILTINS:
+        shown = source if len(source) <= 80 else source[:77] + "..."
+        raise ValueError(f"the supplied chat template is not supported: {shown!r} (without --jinja only llama.cpp's "
+                         f"built-in templates are: {', '.join(sorted(BUILTINS))})")
+    return name
+
+
+def served_model(model: Any, config: ServerConfig) -> Any:
+    """The model as this server renders chats: its chat template as ``chat_template`` resolves it, and the
+    ``--reasoning`` default for ``enable_thinking`` (under a request's ``chat_template_kwargs``, as llama-server's
+    default template kwargs). A shallow copy when anything differs: the loaded model itself is never changed (tests
+    share one between servers)."""
+    template = chat_template(model.vocab.chat_template, config.chat_template, config.use_jinja)
+    if template == model.vocab.chat_template and config.enable_thinking is None:
+        return model
+    served = copy.copy(model)
+    served.vocab = copy.copy(model.vocab)
+    served.vocab.chat_template = template
+    if config.enable_thinking is not None:
+        default = {"enable_thinking": config.enable_thinking}
+        render = type(model).apply_chat_template
+
+        def apply_chat_template(messages: Any, add_generation_prompt: bool = True, *, template_kwargs: Any = None,
+                                **kwargs: Any) -> str:
+            kwargs["template_kwargs"] = {**default, **(template_kwargs or {})}
+            return render(served, messages, add_generation_prompt, **kwargs)
+
+        served.apply_chat_template = apply_chat_template
+    return served
