@@ -26,7 +26,7 @@ class _HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help
-        if not text or "default" in text or not action.option_strings or action.default in (None, "", []) \
+        if not text or "(default" in text or not action.option_strings or action.default in (None, "", []) \
                 or isinstance(action.default, bool) or action.default is argparse.SUPPRESS:
             return text
         return text + " (default: %(default)s)"
