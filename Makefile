@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 
 # the compiled CPU engine is built for this machine (cached under ~/.cache/samplechain, keyed by source and CPU)
 setup: $(VENV)/.installed
-	$(PY) -m samplechain.runtime.cpu_engine
+	$(PY) -m samplechain.runtime.build
 
 # the visualizer page's tests drive Debian's chromium through playwright (playwright's own browser download cannot
 # work here); installed once, as root

@@ -1,9 +1,28 @@
+import io
+import re
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from samplechain import cli
 from samplechain.cli import build_parser, main, params_from_args
+from samplechain.param_specs import declarations
+from samplechain.params import SamplingParams
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def smol_cli(smol, monkeypatch):
+    """``main()`` runs of the default model use the session's loaded one instead of loading it again."""
+    load = cli._load_model
+    monkeypatch.setattr(cli, "_load_model", lambda name, args, kernel=None: smol if name is None
+                        else load(name, args, kernel))
+    yield smol
+    smol.on_token = None
 
 
 def _run(*args):
@@ -64,7 +83,7 @@ def test_conversation_mode_with_a_first_prompt_and_system_prompt():
     assert "Paris" in r.stdout
 
 
-def test_interactive_mode_with_reverse_prompt_and_prefix(monkeypatch, capsys):
+def test_interactive_mode_with_reverse_prompt_and_prefix(monkeypatch, capsys, smol_cli):
     import io
 
     from samplechain.runtime import chat
@@ -82,10 +101,11 @@ def test_interactive_mode_with_reverse_prompt_and_prefix(monkeypatch, capsys):
                  "-n", "30", "-s", "1", "--no-perf"]) == 0
     assert sent == [(False, "Once upon a time"), (False, " and then,")]
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 2 and all(line.endswith(".") or len(line) > 60 for line in out)
+    assert len(out) == 2 and out[0].startswith("Once upon a time")  # the prompt first, as llama.cpp's
+    assert all(line.endswith(".") or len(line) > 60 for line in out)
 
 
-def test_n_probs_prints_each_tokens_top_probabilities(capsys):
+def test_n_probs_prints_each_tokens_top_probabilities(capsys, smol_cli):
     assert main(["generate", "-p", "The capital of France is", "-n", "5", "-s", "3", "--n-probs", "3",
                  "--no-perf"]) == 0
     err = [line for line in capsys.readouterr().err.splitlines() if "<-" in line]
@@ -124,35 +144,37 @@ def test_bad_values_are_one_line_usage_errors(args, message, capsys):
     assert e.value.code == 2 and err.count("\n") == 1 and message in err and "usage:" in err
 
 
-def test_a_context_larger_than_memory_is_one_line(capsys):
+def test_a_context_larger_than_memory_is_one_line(capsys, smol_cli):
     assert main(["generate", "-p", "Hi", "-n", "2", "-c", "1000000000000"]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("error: a KV cache of 1000000000000 cells needs ")
+    assert err.count("\n") == 1 and err.startswith("samplechain generate: error: a KV cache of 1000000000000 cells ")
     assert "GiB of cpu memory: use a smaller context" in err
 
 
-def test_gpu_layers_flag_is_accepted_with_a_note(capsys):
+def test_gpu_layers_flag_is_accepted_with_a_note(capsys, smol_cli):
     assert main(["generate", "-p", "Hi", "-n", "2", "-ngl", "99", "--no-perf"]) == 0
     assert "note: -ngl 99 is ignored" in capsys.readouterr().err
 
 
 def test_ctrl_c_prints_the_timings_and_exits_130():
-    import signal
-    import time
-
-    proc = subprocess.Popen([sys.executable, "-m", "samplechain", "generate", "-cnv", "-n", "8"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """Started with SIGINT ignored, as a background job of a script or a test runner's worker may be: the command
+    still catches Ctrl-C (llama.cpp's completion tool installs its handler unconditionally). The signal is sent once
+    the first answer is out (the session then waits for the next turn), and stdin stays open until the process has
+    exited, so end of input cannot end the session first."""
+    proc = subprocess.Popen([sys.executable, "-m", "samplechain", "generate", "-cnv", "-n", "8", "--temp", "0"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         proc.stdin.write("Hello\n")
         proc.stdin.flush()
-        deadline = time.time() + 120
-        line = proc.stdout.readline()  # the first answer: the session is waiting for the next turn
-        assert line and time.time() < deadline
+        assert proc.stdout.readline()  # the first answer
         proc.send_signal(signal.SIGINT)
-        _out, err = proc.communicate(timeout=60)
+        assert proc.wait(timeout=120) == 130
+        err = proc.stderr.read()
     finally:
         proc.kill()
-    assert proc.returncode == 130
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            stream.close()
     assert "prompt eval time" in err and "Traceback" not in err
 
 
@@ -164,7 +186,7 @@ def test_reasoning_budget_flags():
     assert params_from_args(build_parser().parse_args(["generate"])).reasoning_budget_tokens == -1
 
 
-def test_generation_with_a_reasoning_budget_runs(capsys):
+def test_generation_with_a_reasoning_budget_runs(capsys, smol_cli):
     assert main(["generate", "-p", "Think step by step: 2 + 2 =", "-n", "6", "-s", "2", "--reasoning-budget", "0",
                  "--no-perf"]) == 0
     assert capsys.readouterr().out.strip()
@@ -177,7 +199,7 @@ COPY = ("Text: The ocean covers seventy percent of the planet. Its currents move
 @pytest.mark.parametrize("spec", [["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3"],
                                   ["--spec-type", "ngram-map-k,ngram-mod", "--spec-ngram-map-k-size-n", "2"],
                                   ["--spec-default"], ["--spec-type", "ngram-cache"]])
-def test_speculative_flags_give_the_same_text(spec, capsys):
+def test_speculative_flags_give_the_same_text(spec, capsys, smol_cli):
     base = ["generate", "-p", COPY, "-n", "32", "--temp", "0"]
     assert main([*base, "--no-perf"]) == 0
     want = capsys.readouterr().out
@@ -187,7 +209,7 @@ def test_speculative_flags_give_the_same_text(spec, capsys):
     assert "speculative = " in captured.err
 
 
-def test_draft_model_flags(capsys):
+def test_draft_model_flags(capsys, smol_cli):
     base = ["generate", "-p", COPY, "-n", "16", "--temp", "0", "--no-perf"]
     assert main(base) == 0
     want = capsys.readouterr().out
@@ -202,10 +224,10 @@ def test_draft_model_flags(capsys):
     (["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "0"], "n_match"),
     (["--draft-min", "9", "--draft-max", "4", "--spec-type", "ngram-simple"], "draft-min 9 exceeds draft-max 4"),
 ])
-def test_bad_speculative_flags(args, message, capsys):
+def test_bad_speculative_flags(args, message, capsys, smol_cli):
     assert main(["generate", "-p", "Hi", "-n", "2", *args]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and message in err
+    assert err.count("\n") == 1 and err.startswith("samplechain generate: error: ") and message in err
 
 
 def test_bad_draft_numbers_are_usage_errors(capsys):
@@ -245,3 +267,85 @@ def test_serve_takes_llama_servers_flags(monkeypatch, capsys, tmp_path):
     config = got[0][0]
     assert (config.chat_template, config.use_jinja, config.enable_thinking, config.defaults.verbose) == (
         "llama3", False, None, False)
+
+def test_the_prompt_is_echoed_and_a_random_seed_is_printed_so_the_run_repeats(capsys, smol_cli):
+    assert main(["generate", "-p", "Once upon a time", "-n", "6", "-s", "-1", "--no-perf"]) == 0
+    first = capsys.readouterr()
+    assert first.out.startswith("Once upon a time") and len(first.out) > len("Once upon a time\n")
+    seed = int(re.search(r"^sampler seed: (\d+)$", first.err, re.M).group(1))
+    assert "sampler params: \n\trepeat_last_n = 64, repeat_penalty = 1.000, frequency_penalty = 0.000" in first.err
+    assert "\ttop_k = 40, top_p = 0.950, min_p = 0.050, xtc_probability = 0.000, xtc_threshold = 0.100, " in first.err
+    assert "sampler chain: logits -> top-k -> top-p -> min-p -> temp-ext -> dist\n" in first.err
+    assert "generate: n_ctx = 4096, n_batch = 512, n_predict = 6, n_keep = 0\n" in first.err
+    assert main(["generate", "-p", "Once upon a time", "-n", "6", "-s", str(seed), "--no-perf",
+                 "--no-display-prompt"]) == 0
+    again = capsys.readouterr()
+    assert "Once upon a time" + again.out == first.out  # the same tokens from the printed seed
+    assert f"sampler seed: {seed}\n" in again.err
+
+
+def test_the_echo_shows_special_tokens_as_nothing(smol):
+    tokens = [smol.vocab.bos, *smol.tokenize("Hello", add_special=False)]
+    assert smol.vocab.bos in smol.vocab.special
+    assert cli._pieces(smol, tokens) == "Hello"  # llama.cpp's token_to_piece without special: BOS is empty
+
+
+def test_a_chat_prompt_is_echoed_as_a_turn(capsys, smol_cli):
+    assert main(["generate", "-p", "What is the capital of France?", "--chat", "--temp", "0", "-n", "12",
+                 "--no-perf"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("> What is the capital of France?\nThe capital of France is Paris")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_conversation_on_a_terminal_hints_how_to_leave_and_exit_leaves(monkeypatch, capsys, smol_cli):
+    from samplechain.runtime import chat
+
+    sent = []
+    monkeypatch.setattr(chat.ChatSession, "send", lambda self, text: sent.append(text) or iter(()))
+    monkeypatch.setattr(sys, "stdin", _Terminal("/exit\nnever sent\n"))
+    assert main(["generate", "-cnv", "--no-perf"]) == 0
+    captured = capsys.readouterr()
+    assert "conversation mode: type a line and press Return; /exit or Ctrl-D to leave" in captured.err
+    assert captured.out == "> " and sent == []
+    monkeypatch.setattr(sys, "stdin", io.StringIO("/exit\n"))  # not a terminal: no hint, no prompt
+    assert main(["generate", "-cnv", "--no-perf"]) == 0
+    captured = capsys.readouterr()
+    assert "mode:" not in captured.err and captured.out == "" and sent == []
+
+
+def test_help_gives_each_sampling_flags_meaning_and_declared_default():
+    generate = build_parser()._subparsers._group_actions[0].choices["generate"]
+    actions = generate._option_string_actions
+    for d in declarations(SamplingParams):
+        for f in d.cli:
+            text = actions[f.names[0]].help
+            assert text and not text.startswith("("), f.names  # a meaning first
+            switch = dict(f.options).get("action") in ("store_true", "store_false")
+            assert switch or "(default: " in text, f.names
+    assert actions["--top-p"].help.endswith(f"(default: {SamplingParams().top_p:.2f})")
+    assert actions["--seed"].help.endswith("(default: -1)") and actions["--perf"].help.endswith("(default)")
+    assert actions["--samplers"].help.endswith(f"(default: {';'.join(SamplingParams().samplers)})")
+    text = " ".join(generate.format_help().split())
+    assert "--top-k N keep the K most likely tokens (0 = off) (default: 40)" in text
+    assert "-c N, --ctx-size N context size (0 = model's) (default: 4096)" in text  # the command's own flags too
+    assert "--no-display-prompt print only the generated text" in text
+
+
+@pytest.mark.parametrize("args", [["generate", "--bogus"], ["generate", "--top-k", "x"], ["serve", "--bogus"],
+                                  ["serve", "-b", "0"], ["trace", "-p", "x", "--steps", "0"], ["trace"]])
+def test_every_error_of_a_command_has_its_prefix(args, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"samplechain {args[0]}: error: ") and err.count("\n") == 1
+
+
+def test_a_missing_model_is_an_error_of_the_command(capsys):
+    assert main(["generate", "-p", "Hi", "-m", "missing.gguf"]) == 1
+    assert capsys.readouterr().err == ("samplechain generate: error: no model file 'missing.gguf' (and not a "
+                                       "packaged model: smollm2, gemma3-270m)\n")

@@ -3,22 +3,45 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterable, Sequence
 from typing import NoReturn
 
+from samplechain.param_specs import cli_budget, cli_seed, declarations, flag_help
 from samplechain.param_specs import cli_non_negative_int as _non_negative_int
 from samplechain.param_specs import cli_non_negative_number as _non_negative_float
 from samplechain.param_specs import cli_number as _number
 from samplechain.param_specs import cli_positive_int as _positive_int
-from samplechain.param_specs import declarations
 from samplechain.param_specs import unescape as _unescape
 from samplechain.params import SamplingParams
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Each flag's default after its meaning, unless the meaning already says it (the sampling flags' help is
+    generated with theirs) or there is nothing to show (switches, empty values)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help
+        if not text or "(default" in text or not action.option_strings or action.default in (None, "", []) \
+                or isinstance(action.default, bool) or action.default is argparse.SUPPRESS:
+            return text
+        return text + " (default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, with a usage error as one line (the message, where to find the usage) and exit status 2."""
+    """argparse, with a usage error as one line (the message, where to find the usage) and exit status 2.
+
+    Every message of a subcommand, usage errors and run-time errors alike, starts ``samplechain <command>:
+    error:`` (argparse's form, with the subcommand's name); arguments no subcommand knows are reported by it.
+    """
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
@@ -37,6 +60,21 @@ class _Parser(argparse.ArgumentParser):
             return fixed + eq + value
         return arg
 
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command_parser(self, parsed).error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+
+def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The subcommand's own parser (``samplechain generate``), whose name prefixes its errors; else ``parser``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices.get(getattr(args, action.dest, None), parser)
+    return parser
+
 
 def add_sampling_arguments(parser_or_group: argparse.ArgumentParser | argparse._ArgumentGroup, *,
                            constraints: argparse._ArgumentGroup | None = None,
@@ -52,7 +90,14 @@ def add_sampling_arguments(parser_or_group: argparse.ArgumentParser | argparse._
             options = dict(f.options)
             if "action" not in options and "default" not in options:
                 options["default"] = d.default
+            if options.get("type") in _NUMBERS and "choices" not in options:
+                options.setdefault("metavar", "N")
+            text = flag_help(d, f)
+            options["help"] = text if text in (None, argparse.SUPPRESS) else text.replace("%", "%%")
             target.add_argument(*f.names, **options)
+
+
+_NUMBERS = (int, _number, cli_seed, cli_budget)  # their values read as N in --help, as llama.cpp's
 
 
 def params_from_args(args: argparse.Namespace, *,
@@ -75,15 +120,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="GGUF file, or a packaged model: smollm2 (default), gemma3-270m")
     io.add_argument("-p", "--prompt", default=None, help="prompt text")
     io.add_argument("-f", "--file", default=None, help="read the prompt from a file")
-    io.add_argument("-n", "--n-predict", "--predict", type=int, default=-1,
+    io.add_argument("--display-prompt", dest="display_prompt", action="store_true", default=True,
+                    help="print the prompt before the generated text (default)")
+    io.add_argument("--no-display-prompt", dest="display_prompt", action="store_false",
+                    help="print only the generated text")
+    io.add_argument("-n", "--n-predict", "--predict", type=int, default=-1, metavar="N",
                     help="tokens to generate (-1 = until end of generation or the context limit)")
-    io.add_argument("-c", "--ctx-size", type=_non_negative_int, default=4096, help="context size (0 = model's)")
-    io.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per forward")
-    io.add_argument("-t", "--threads", type=int, default=None, help="CPU threads")
-    io.add_argument("--keep", type=int, default=0, help="tokens of the prompt kept on context shift (-1 = all)")
+    io.add_argument("-c", "--ctx-size", type=_non_negative_int, default=4096, metavar="N",
+                    help="context size (0 = model's)")
+    io.add_argument("-b", "--batch-size", type=int, default=512, metavar="N", help="prompt tokens per forward")
+    io.add_argument("-t", "--threads", type=int, default=None, metavar="N", help="CPU threads")
+    io.add_argument("--keep", type=int, default=0, metavar="N",
+                    help="tokens of the prompt kept on context shift (-1 = all)")
     io.add_argument("--context-shift", dest="context_shift", action="store_true", default=True,
                     help="shift the context when it is full (default)")
-    io.add_argument("--no-context-shift", dest="context_shift", action="store_false")
+    io.add_argument("--no-context-shift", dest="context_shift", action="store_false",
+                    help="stop generating when the context is full")
     io.add_argument("--prompt-cache", default=None, help="file to cache the prompt's state in")
     io.add_argument("--prompt-cache-ro", action="store_true", help="use the prompt cache without updating it")
     io.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt, answer once")
@@ -96,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="stop generating at this text and wait for input (repeatable)")
     io.add_argument("--in-prefix", default="", help="text before each input line (interactive mode)")
     io.add_argument("--in-suffix", default="", help="text after each input line (interactive mode)")
-    io.add_argument("--n-probs", type=_non_negative_int, default=0,
+    io.add_argument("--n-probs", type=_non_negative_int, default=0, metavar="N",
                     help="print each generated token's top N post-sampling probabilities (to stderr)")
     io.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers", type=int, default=None,
                     help="accepted for llama.cpp compatibility: the whole model runs on --device")
@@ -105,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="CPU forward kernel (default: the fastest measured on this machine; see kernels.py)")
     io.add_argument("--escape", dest="escape", action="store_true", default=True,
                     help="process escapes (\\n, \\t, ...) in the prompt (default)")
-    io.add_argument("--no-escape", dest="escape", action="store_false")
+    io.add_argument("--no-escape", dest="escape", action="store_false", help="take the prompt as written")
     io.add_argument("--verbose-prompt", action="store_true", help="print the prompt's tokens to stderr")
 
     s = g.add_argument_group("sampling (llama.cpp's flags and defaults)")
@@ -273,10 +325,9 @@ def trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ValueError as e:
         parser.error(str(e))
     prompt = _unescape(args.prompt) if args.escape else args.prompt
-    from samplechain.runtime import load_model
     from samplechain.runtime.chat import starts_with_bos
 
-    model = load_model(args.model, device=args.device, n_threads=args.threads)
+    model = _load_model(args.model, args)
     text = model.apply_chat_template(prompt) if args.chat else prompt
     tokens = model.tokenize(text, add_special=not args.chat or not starts_with_bos(model.vocab, text))
     if not tokens:
@@ -409,6 +460,7 @@ def generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         _check_constraint(params)
     except ValueError as e:
         parser.error(str(e))
+    params = _resolve_seed(params, args)
 
     if args.batch_size < 1:
         parser.error(f"-b/--batch-size must be positive, got {args.batch_size}")
@@ -420,28 +472,34 @@ def generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             parser.error(f"--prompt-cache: the folder {folder} does not exist")
         if os.path.isdir(args.prompt_cache):
             parser.error(f"--prompt-cache: {args.prompt_cache} is a folder, not a file")
-    from samplechain.runtime import load_model
-
-    model = load_model(args.model, device=args.device, n_threads=args.threads, kernel=args.kernel)
+    model = _load_model(args.model, args, kernel=args.kernel)
     if args.gpu_layers is not None and model.transformer.device.type == "cpu":
         print(f"note: -ngl {args.gpu_layers} is ignored: the whole model runs on the cpu (--device cuda for a GPU)",
               file=sys.stderr)
     n_ctx = args.ctx_size or model.config.n_ctx_train
     ctx = model.new_context(n_ctx, n_batch=args.batch_size)
+    chat = args.chat or args.conversation
+    # the text as llama.cpp's completion tool feeds it (a chat turn is tokenized with its template, later)
+    tokens = None if chat else model.tokenize(prompt)
+    speculation = _speculation(args, model)
     if args.verbose_prompt:
-        print(f"prompt tokens: {model.tokenize(prompt)}", file=sys.stderr)
+        print(f"prompt tokens: {model.tokenize(prompt) if tokens is None else tokens}", file=sys.stderr)
+    _print_sampler(model, params, args, n_ctx)
     probs: list[tuple[int, list[tuple[int, float]]]] = []
     if args.n_probs:
         model.on_token = lambda token, sampler: probs.append((token, sampler.top_probs(args.n_probs)))
     timings = model.timings
-    speculation = _speculation(args, model)
+    if args.display_prompt and prompt:  # specials (BOS) show as nothing; a chat prompt as llama-cli echoes it
+        sys.stdout.write(f"> {prompt}\n" if chat else _pieces(model, tokens))
+        sys.stdout.flush()
     try:
         if args.conversation or args.interactive:
             timings = _interactive(model, params, args, prompt, ctx, probs, speculation)
         else:
-            _stream(model.generate(prompt, params, args.n_predict, chat=args.chat, n_keep=args.keep,
-                                   context_shift=args.context_shift, prompt_cache=args.prompt_cache,
-                                   prompt_cache_ro=args.prompt_cache_ro, context=ctx, speculation=speculation))
+            _stream(model.generate(prompt if chat else tokens, params, args.n_predict, chat=args.chat,
+                                   n_keep=args.keep, context_shift=args.context_shift,
+                                   prompt_cache=args.prompt_cache, prompt_cache_ro=args.prompt_cache_ro,
+                                   context=ctx, speculation=speculation))
             sys.stdout.write("\n")
             timings = model.timings
             _print_probs(model, probs)
@@ -457,6 +515,70 @@ def generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if speculation is not None:
         print(speculation.report(), file=sys.stderr)
     return 0
+
+
+def _load_model(name: str | None, args: argparse.Namespace, kernel: str | None = None) -> object:
+    """``load_model``, said first on stderr (a large model takes seconds); a missing model or device is refused
+    before that, in one line."""
+    from samplechain.runtime import load_model
+    from samplechain.runtime.generation import model_path, resolve_device
+
+    path = model_path(name)
+    resolve_device(args.device)
+    print(f"loading model {path} ...", file=sys.stderr, flush=True)
+    return load_model(path, device=args.device, n_threads=args.threads, kernel=kernel)
+
+
+def _resolve_seed(params: SamplingParams, args: argparse.Namespace) -> SamplingParams:
+    """A random seed (-1) drawn now, as llama.cpp's samplers draw it, so that it can be printed and the run
+    repeated with ``--seed N``; every seeded sampler and the drafter then use it."""
+    from samplechain.rng import resolve_seed
+
+    args.seed = resolve_seed(params.seed)
+    return dataclasses.replace(params, seed=args.seed)
+
+
+def _sampler_params(p: SamplingParams) -> str:
+    """llama.cpp's ``common_params_sampling::print()`` (its values are C floats, printed with ``%.3f``)."""
+    import numpy as np
+
+    def f(x: float) -> str:
+        return f"{float(np.float32(x)):.3f}"
+
+    return (f"\trepeat_last_n = {p.repeat_last_n}, repeat_penalty = {f(p.repeat_penalty)}, "
+            f"frequency_penalty = {f(p.frequency_penalty)}, presence_penalty = {f(p.presence_penalty)}\n"
+            f"\tdry_multiplier = {f(p.dry_multiplier)}, dry_base = {f(p.dry_base)}, "
+            f"dry_allowed_length = {p.dry_allowed_length}, dry_penalty_last_n = {p.dry_penalty_last_n}\n"
+            f"\ttop_k = {p.top_k}, top_p = {f(p.top_p)}, min_p = {f(p.min_p)}, "
+            f"xtc_probability = {f(p.xtc_probability)}, xtc_threshold = {f(p.xtc_threshold)}, "
+            f"typical_p = {f(p.typical_p)}, top_n_sigma = {f(p.top_n_sigma)}, temp = {f(p.temperature)}\n"
+            f"\tmirostat = {p.mirostat}, mirostat_lr = {f(p.mirostat_eta)}, mirostat_ent = {f(p.mirostat_tau)}, "
+            f"adaptive_target = {f(p.adaptive_target)}, adaptive_decay = {f(p.adaptive_decay)}")
+
+
+def _print_sampler(model: object, params: SamplingParams, args: argparse.Namespace, n_ctx: int) -> None:
+    """What llama.cpp's completion tool prints before generating: the seed in use, the parameters, the chain."""
+    from samplechain.params import CommonSampler
+    from samplechain.rng import DEFAULT_SEED
+
+    # the grammar is no member of the chain (llama.cpp keeps it apart): the copy that names the chain skips it
+    chain = CommonSampler(dataclasses.replace(params, grammar="", json_schema=None), model.vocab,  # type: ignore
+                          n_vocab=model.config.n_vocab)  # type: ignore[attr-defined]
+    seed = chain.seed
+    print(f"sampler seed: {DEFAULT_SEED if seed is None else seed}", file=sys.stderr)
+    print(f"sampler params: \n{_sampler_params(params)}", file=sys.stderr)
+    print(f"sampler chain: {chain.describe()}", file=sys.stderr)
+    print(f"generate: n_ctx = {n_ctx}, n_batch = {args.batch_size}, n_predict = {args.n_predict}, "
+          f"n_keep = {args.keep}\n", file=sys.stderr)
+    if sys.stdin.isatty() and (args.conversation or args.interactive):
+        print(f"{'conversation' if args.conversation else 'interactive'} mode: type a line and press Return; "
+              f"{'/exit or ' if args.conversation else ''}Ctrl-D to leave, Ctrl-C to stop at once\n", file=sys.stderr)
+
+
+def _pieces(model: object, tokens: Sequence[int]) -> str:
+    """Tokens as llama.cpp's completion tool displays them: each token's piece, special tokens as nothing."""
+    piece = model.vocab.piece  # type: ignore[attr-defined]
+    return b"".join(piece(t) for t in tokens).decode("utf-8", "replace")
 
 
 def _spec_types(args: argparse.Namespace) -> list[str]:
@@ -490,10 +612,9 @@ def _speculation(args: argparse.Namespace, model: object) -> object | None:
     if "draft-simple" in names:
         if args.model_draft is None:
             raise ValueError("--spec-type draft-simple needs a draft model (-md)")
-        from samplechain.runtime import load_model
         from samplechain.speculative.draft_model import DraftModel
 
-        draft = load_model(args.model_draft, device=args.device, n_threads=args.threads)
+        draft = _load_model(args.model_draft, args)
         drafters.append(DraftModel(draft, model.vocab, n_max=max(1, args.draft_max),  # type: ignore[attr-defined]
                                    n_min=args.draft_min, p_min=args.draft_p_min, n_ctx=args.ctx_size or 4096,
                                    sample=args.spec_verify == "sample", seed=args.seed))
@@ -541,9 +662,13 @@ def _interactive(model, params: SamplingParams, args: argparse.Namespace, prompt
                 sys.stdout.write("> ")
                 sys.stdout.flush()
             line = sys.stdin.readline()
-            if not line:  # end of input
+            if not line:  # end of input (Ctrl-D on a terminal: the timings start on a line of their own)
+                if tty:
+                    sys.stdout.write("\n")
                 break
             line = line.rstrip("\n")
+            if args.conversation and line.startswith("/exit"):  # llama-cli's command
+                break
             if not line.strip():
                 continue
             turn(line if args.conversation else args.in_prefix + line + args.in_suffix)
@@ -558,21 +683,32 @@ class _Interrupted(KeyboardInterrupt):
         self.timings = timings
 
 
+def _catch_ctrl_c() -> object:
+    """Ctrl-C ends ``generate`` with the timings and status 130 even where the process started with SIGINT ignored
+    (a background job of a script, some test runners), as llama.cpp's completion tool installs its handler
+    unconditionally. Returns the handler it replaced (None: none replaced)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    command = command_parser(parser, args)  # its name prefixes every error: `samplechain generate: error: ...`
+    run = {"serve": serve, "trace": trace}.get(args.command, generate)
+    previous = _catch_ctrl_c() if run is generate else None
     try:
-        if args.command == "serve":
-            return serve(args, parser)
-        if args.command == "trace":
-            return trace(args, parser)
-        return generate(args, parser)
+        return run(args, command)
     except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"{command.prog}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # before generation started (loading the model)
         print(file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

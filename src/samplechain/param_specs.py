@@ -168,11 +168,14 @@ class Flag:
 
     Without ``action`` and ``default``, the parameter's default is the flag's default. ``group`` is
     ``"sampling"`` or ``"constraints"`` (the grammar and JSON-schema flags, which ``generate`` lists apart).
+    ``options["help"]`` is the flag's one-line meaning; ``--help`` adds the default (:func:`flag_help`), written
+    as ``shown_default`` where the stored value does not read as what one types (the seed's -1).
     """
 
     names: tuple[str, ...]
     options: tuple[tuple[str, Any], ...] = ()
     group: str = "sampling"
+    shown_default: str | None = None
 
     @property
     def dest(self) -> str:
@@ -184,8 +187,8 @@ class Flag:
         return name.lstrip("-").replace("-", "_")
 
 
-def flag(*names: str, group: str = "sampling", **options: Any) -> Flag:
-    return Flag(tuple(names), tuple(options.items()), group)
+def flag(*names: str, group: str = "sampling", shown_default: str | None = None, **options: Any) -> Flag:
+    return Flag(tuple(names), tuple(options.items()), group, shown_default)
 
 
 def cli_seed(text: str) -> int:
@@ -326,6 +329,36 @@ def declarations(cls: type) -> tuple[Param, ...]:
             raise TypeError(f"{cls.__name__}.{f.name} is not declared with param()")
         out.append(Param(f.name, f.default, **decl))
     return tuple(out)
+
+
+def _shown(value: Any) -> str:
+    """A default as ``--help`` writes it: floats as llama.cpp's ``%.2f``, lists joined with ``;``."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    if isinstance(value, (tuple, list)):
+        return ";".join(map(str, value)) or "none"
+    return "none" if value is None or value == "" else str(value)
+
+
+def flag_help(p: Param, f: Flag) -> str | None:
+    """The flag's ``--help`` line: its meaning from the declaration, then the default (a switch is marked
+    ``(default)`` when it is on by default), so the help cannot drift from the declared values."""
+    options = dict(f.options)
+    meaning = options.get("help")
+    if meaning == argparse.SUPPRESS:
+        return meaning
+    action = options.get("action")
+    if action in ("store_true", "store_false"):
+        on_by_default = options.get("default", action == "store_false") == (action == "store_true")
+        return f"{meaning} (default)" if on_by_default and meaning else meaning
+    if f.shown_default is not None:
+        shown = f.shown_default
+    else:
+        value = options.get("default", p.default)
+        shown = _shown(p.default if value is None else value)
+    return f"{meaning} (default: {shown})" if meaning else f"default: {shown}"
 
 
 def first_present(body: Mapping[str, Any], names: Sequence[str]) -> tuple[str, Any] | None:

@@ -66,7 +66,7 @@ def test_generated_json_validates(smol, name, grammar_first, monkeypatch):
 def test_cli_json_schema_gives_valid_json():
     schema = SCHEMAS["person"]
     r = subprocess.run([sys.executable, "-m", "samplechain", "generate", "-p", "A person as JSON:", "-n", "200",
-                        "--seed", "7", "--json-schema", json.dumps(schema), "--no-perf"],
+                        "--seed", "7", "--json-schema", json.dumps(schema), "--no-perf", "--no-display-prompt"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     jsonschema.validate(json.loads(r.stdout), schema)
@@ -76,7 +76,8 @@ def test_cli_grammar_file_and_bad_grammar(tmp_path):
     path = tmp_path / "yes.gbnf"
     path.write_text('root ::= ("yes" | "no") "."\n', encoding="utf-8")
     r = subprocess.run([sys.executable, "-m", "samplechain", "generate", "-p", "Is water wet? Answer:", "-n", "8",
-                        "--grammar-file", str(path), "--no-perf"], capture_output=True, text=True, timeout=300)
+                        "--grammar-file", str(path), "--no-perf", "--no-display-prompt"], capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() in ("yes.", "no.")
     r = subprocess.run([sys.executable, "-m", "samplechain", "generate", "-p", "x", "--grammar", 'root ::= "a"{3,2}'],

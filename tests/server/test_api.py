@@ -522,7 +522,7 @@ def test_serve_a_missing_model_or_device_is_one_line(capsys, tmp_path):
     from samplechain.cli import main
 
     assert main(["serve", "-m", str(tmp_path / "nope.gguf")]) == 1
-    assert capsys.readouterr().err.startswith("error: no model file")
+    assert capsys.readouterr().err.startswith("samplechain serve: error: no model file")
     assert main(["serve", "--device", "tpu"]) == 1
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a model at all")

@@ -75,64 +75,95 @@ class SamplingParams:
     """
 
     seed: int = param(DEFAULT_SEED, check=lambda n, v: check_seed(v), json=plain(int),
-                      cli=[flag("-s", "--seed", type=cli_seed, help="RNG seed (-1 = random)")])
+                      cli=[flag("-s", "--seed", type=cli_seed, shown_default="-1",
+                                help="RNG seed (-1 = a random one; the seed used is printed at start)")])
     n_prev: int = param(64, check=integer(0), json=hard(0, INT32_MAX), server=False,
                         from_args=lambda a: max(64, a.repeat_last_n))  # --repeat-last-n raises the history size
     n_probs: int = param(0, check=integer(0), json=soft(0, INT32_MAX, int), aliases=["logprobs"])
     min_keep: int = param(0, check=integer(0), json=hard(0, INT32_MAX))
-    top_k: int = param(40, check=integer(), json=soft(0, INT32_MAX, int), cli=[flag("--top-k", type=int)])
-    top_p: float = param(0.95, check=number, json=soft(0.0, 1.0), cli=[flag("--top-p", type=cli_number)])
-    min_p: float = param(0.05, check=number, json=soft(0.0, 1.0), cli=[flag("--min-p", type=cli_number)])
+    top_k: int = param(40, check=integer(), json=soft(0, INT32_MAX, int),
+                       cli=[flag("--top-k", type=int, help="keep the K most likely tokens (0 = off)")])
+    top_p: float = param(0.95, check=number, json=soft(0.0, 1.0),
+                         cli=[flag("--top-p", type=cli_number,
+                                   help="keep the most likely tokens up to this total probability (1.0 = off)")])
+    min_p: float = param(0.05, check=number, json=soft(0.0, 1.0),
+                         cli=[flag("--min-p", type=cli_number,
+                                   help="drop tokens below this fraction of the top token's probability (0.0 = off)")])
     xtc_probability: float = param(0.0, check=number, json=soft(0.0, 1.0),
-                                   cli=[flag("--xtc-probability", type=cli_number)])
+                                   cli=[flag("--xtc-probability", type=cli_number,
+                                             help="XTC: chance per step of removing the top choices (0.0 = off)")])
     xtc_threshold: float = param(0.10, check=number, json=soft(0.0, 1.0),
-                                 cli=[flag("--xtc-threshold", type=cli_number)])
+                                 cli=[flag("--xtc-threshold", type=cli_number,
+                                           help="XTC: the tokens above this probability, all but the least likely, "
+                                                "are removed")])
     typical_p: float = param(1.0, check=number, json=plain(float), common_names=["typ_p"],
-                             cli=[flag("--typical", "--typical-p", dest="typical", type=cli_number)])
+                             cli=[flag("--typical", "--typical-p", dest="typical", type=cli_number,
+                                       help="locally typical sampling, parameter p (1.0 = off)")])
     temperature: float = param(0.80, check=number, json=soft(0.0, math.inf), common_names=["temp"],
-                               cli=[flag("--temp", "--temperature", dest="temp", type=cli_number)],
+                               cli=[flag("--temp", "--temperature", dest="temp", type=cli_number,
+                                         help="temperature: divides the logits; <= 0 picks the most likely token")],
                                from_args=lambda a: max(0.0, a.temp))  # the CLI clamps --temp to >= 0
-    dynatemp_range: float = param(0.0, check=number, json=plain(float), cli=[flag("--dynatemp-range", type=cli_number)])
+    dynatemp_range: float = param(0.0, check=number, json=plain(float),
+                                  cli=[flag("--dynatemp-range", type=cli_number,
+                                            help="dynamic temperature: temp +/- this, by the entropy (0.0 = off)")])
     dynatemp_exponent: float = param(1.0, check=number, json=plain(float),
-                                     cli=[flag("--dynatemp-exp", type=cli_number)])
+                                     cli=[flag("--dynatemp-exp", type=cli_number, help="dynamic temperature exponent")])
     repeat_last_n: int = param(64, check=integer(0), json=hard(0, INT32_MAX), common_names=["penalty_last_n"],
-                               cli=[flag("--repeat-last-n", type=int)],
+                               cli=[flag("--repeat-last-n", type=int,
+                                         help="last N tokens the repetition penalties look at (0 = off)")],
                                from_args=at_least("repeat_last_n", "--repeat-last-n", 0))
-    repeat_penalty: float = param(1.0, check=check_repeat_penalty, json=plain(float),
-                                  common_names=["penalty_repeat"], cli=[flag("--repeat-penalty", type=cli_number)])
+    repeat_penalty: float = param(1.0, check=check_repeat_penalty, json=plain(float), common_names=["penalty_repeat"],
+                                  cli=[flag("--repeat-penalty", type=cli_number,
+                                            help="divide repeated tokens' positive logits by this (1.0 = off)")])
     frequency_penalty: float = param(0.0, check=number, json=plain(float), common_names=["penalty_freq"],
-                                     cli=[flag("--frequency-penalty", type=cli_number)])
+                                     cli=[flag("--frequency-penalty", type=cli_number,
+                                               help="subtract this times a token's count in the last N (0.0 = off)")])
     presence_penalty: float = param(0.0, check=number, json=plain(float), common_names=["penalty_present"],
-                                    cli=[flag("--presence-penalty", type=cli_number)])
-    dry_multiplier: float = param(0.0, check=number, json=plain(float), cli=[flag("--dry-multiplier", type=cli_number)])
-    dry_base: float = param(1.75, check=number, json=custom(read_dry_base), cli=[flag("--dry-base", type=cli_number)])
+                                    cli=[flag("--presence-penalty", type=cli_number,
+                                              help="subtract this from every token seen in the last N (0.0 = off)")])
+    dry_multiplier: float = param(0.0, check=number, json=plain(float),
+                                  cli=[flag("--dry-multiplier", type=cli_number,
+                                            help="DRY: penalize tokens that extend a repeated sequence (0.0 = off)")])
+    dry_base: float = param(1.75, check=number, json=custom(read_dry_base),
+                            cli=[flag("--dry-base", type=cli_number,
+                                      help="DRY: penalty base, raised to the repeat's excess length")])
     dry_allowed_length: int = param(2, check=integer(0), json=hard(0, INT32_MAX),
-                                    cli=[flag("--dry-allowed-length", type=int)])
+                                    cli=[flag("--dry-allowed-length", type=int,
+                                              help="DRY: repeats up to this long are not penalized")])
     dry_penalty_last_n: int = param(64, check=integer(0), json=hard(0, INT32_MAX),
-                                    cli=[flag("--dry-penalty-last-n", type=int)],
+                                    cli=[flag("--dry-penalty-last-n", type=int,
+                                              help="DRY: last N tokens searched for repeats (0 = off)")],
                                     from_args=at_least("dry_penalty_last_n", "--dry-penalty-last-n", 0))
     dry_sequence_breakers: tuple[str, ...] = param(
         DEFAULT_SEQ_BREAKERS, check=check_breakers, json=custom(read_breakers),
         cli=[flag("--dry-sequence-breaker", action="append", default=None,
-                  help="repeatable; the first use replaces the defaults; 'none' clears them")],
+                  shown_default=", ".join(map(repr, DEFAULT_SEQ_BREAKERS)),
+                  help="DRY: text that ends a repeat (repeatable; the first use replaces the defaults, 'none' "
+                       "clears them)")],
         from_args=breakers_from_args)
     adaptive_target: float = param(-1.0, check=number, json=soft(-math.inf, 1.0),
-                                   cli=[flag("--adaptive-target", type=cli_number)])
+                                   cli=[flag("--adaptive-target", type=cli_number,
+                                             help="adaptive-p: select tokens near this probability (negative = off)")])
     adaptive_decay: float = param(0.90, check=check_decay, json=hard(0.0, 0.99, float),
-                                  cli=[flag("--adaptive-decay", type=cli_number)])
+                                  cli=[flag("--adaptive-decay", type=cli_number,
+                                            help="adaptive-p: decay of the target's adaptation (0.0 to 0.99)")])
     mirostat: int = param(0, check=check_mirostat, json=soft(0, 2, int),
-                          cli=[flag("--mirostat", type=int, choices=(0, 1, 2))])
+                          cli=[flag("--mirostat", type=int, choices=(0, 1, 2),
+                                    help="Mirostat: 0 = off, 1 = Mirostat, 2 = Mirostat 2.0 (replaces the chain)")])
     top_n_sigma: float = param(-1.0, check=number, json=plain(float),
-                               cli=[flag("--top-nsigma", "--top-n-sigma", dest="top_n_sigma", type=cli_number)])
-    mirostat_tau: float = param(5.0, check=number, json=plain(float), cli=[flag("--mirostat-ent", type=cli_number)])
-    mirostat_eta: float = param(0.1, check=number, json=plain(float), cli=[flag("--mirostat-lr", type=cli_number)])
+                               cli=[flag("--top-nsigma", "--top-n-sigma", dest="top_n_sigma", type=cli_number,
+                                         help="keep tokens within N standard deviations of the top logit (-1 = off)")])
+    mirostat_tau: float = param(5.0, check=number, json=plain(float), cli=[flag("--mirostat-ent", type=cli_number,
+                                                                  help="Mirostat target entropy, parameter tau")])
+    mirostat_eta: float = param(0.1, check=number, json=plain(float), cli=[flag("--mirostat-lr", type=cli_number,
+                                                                 help="Mirostat learning rate, parameter eta")])
     ignore_eos: bool = param(False, check=boolean, json=plain(bool),
                              cli=[flag("--ignore-eos", action="store_true",
                                        help="never stop at end-of-generation tokens")])
     no_perf: bool = param(False, check=boolean, json=plain(bool), server=False,
                           cli=[flag("--perf", dest="perf", action="store_true", default=True,
-                                    help="print timings (default)"),
-                               flag("--no-perf", dest="perf", action="store_false")],
+                                    help="print the timings at the end"),
+                               flag("--no-perf", dest="perf", action="store_false", help="do not print them")],
                           from_args=lambda a: not a.perf)
     post_sampling_probs: bool = param(False, check=boolean, json=plain(bool))
     backend_sampling: bool = param(
@@ -147,14 +178,14 @@ class SamplingParams:
                   help="with backend sampling, draw the token on the device too (implies --backend-sampling)")])
     samplers: tuple[str, ...] = param(
         DEFAULT_SAMPLERS, check=lambda n, v: parse_sampler_names(v), json=custom(read_samplers),
-        cli=[flag("--samplers", default=None,
-                  help=f"';'-separated sampler names (default {';'.join(DEFAULT_SAMPLERS)})"),
+        cli=[flag("--samplers", default=None, help="the chain: sampler names in order, ';'-separated"),
              flag("--sampler-seq", "--sampling-seq", dest="sampler_seq", default=None,
-                  help=f"samplers as one letter each (default {sampler_chars(DEFAULT_SAMPLERS)})")],
+                  shown_default=sampler_chars(DEFAULT_SAMPLERS), help="the chain as one letter per sampler")],
         from_args=samplers_from_args)
     logit_bias: tuple[tuple[int | str, float], ...] = param(
         (), check=lambda n, v: parse_logit_bias(v), json=custom(read_logit_bias, strict=lambda v, d: v),
-        cli=[flag("-l", "--logit-bias", type=cli_logit_bias, action="append", default=[])],
+        cli=[flag("-l", "--logit-bias", type=cli_logit_bias, action="append", default=[],
+                  help="TOKEN_ID(+/-)BIAS: add BIAS to a token's logit, e.g. 15043+1 or 2-inf (repeatable)")],
         from_args=lambda a: tuple(a.logit_bias))
     grammar: str = param(
         "", check=check_grammar, json=plain(str),

@@ -103,6 +103,7 @@ def build(verbose: bool = False) -> str:
     if cc is None or sys.platform == "win32":
         raise EngineUnavailable("no C compiler (cc/gcc) to build the CPU engine")
     os.makedirs(folder, exist_ok=True)
+    print("compiling the CPU engine for this machine (once) ...", file=sys.stderr, flush=True)
     fd, src = tempfile.mkstemp(suffix=".c", dir=folder)
     with os.fdopen(fd, "wb") as f:
         f.write(_source())
@@ -393,9 +394,3 @@ def linear_forward(lin: Linear, x: np.ndarray, isa: str = "generic") -> np.ndarr
         raise MemoryError("the C engine could not allocate its work buffers")
     return y
 
-
-if __name__ == "__main__":  # `python -m samplechain.runtime.cpu_engine`: build now (make setup does)
-    try:
-        print(f"CPU engine: {build()} ({', '.join(supported_isas())})")
-    except EngineUnavailable as e:
-        print(f"CPU engine not built: {e}; the runtime will use torch's kernels", file=sys.stderr)
