@@ -104,6 +104,7 @@ class Rules:
     stop: tuple[str, ...] = ()
     server: bool = False  # llama-server's text rules, else llama-cli's (see the module's docstring)
     special: bool = False  # special tokens' text (llama-server's ``special``; llama-cli always shows them)
+    preserved: frozenset[int] = frozenset()  # special tokens whose text shows anyway (a chat format's tool tags)
     n_indent: int = 0  # a new line indented less ends the generation, cut before it (FIM)
     t_max_predict_ms: float = -1.0  # after the first new line, stop once generating took this long
     probs: bool = False  # a ``completion_probabilities`` entry per token (the sampler's ``n_probs``)
@@ -245,7 +246,7 @@ class Decoder:
         if r.probs and row is not None:
             probs = self._probs_entry(token, row)
             self.probs.append(probs)
-        new = self.utf8.decode(self.vocab.piece(token, r.special or not r.server))
+        new = self.utf8.decode(self.vocab.piece(token, r.special or not r.server or token in r.preserved))
         self.text += new
         send = self._text(new, eog)
         n = len(self.generated)

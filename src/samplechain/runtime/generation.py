@@ -86,13 +86,14 @@ class Model:
 
     def apply_chat_template(self, messages: Sequence[dict[str, Any]] | str, add_generation_prompt: bool = True, *,
                             enable_thinking: bool | None = None, template_kwargs: Mapping[str, Any] | None = None,
-                            ) -> str:
+                            tools: Sequence[Mapping[str, Any]] | None = None) -> str:
         """The model's chat template (jinja2, sandboxed) applied to ``messages`` (or one user message), as llama.cpp
         renders it (``chat_template.render``); ``enable_thinking`` False closes Qwen 3's thinking block, None is
         llama.cpp's default; ``template_kwargs`` are extra template variables (llama-server's
-        ``chat_template_kwargs``). A GGUF without a template gets llama.cpp's built-in one for its turn markers."""
+        ``chat_template_kwargs``); ``tools``: the template's ``tools`` variable (OpenAI function tools). A GGUF
+        without a template gets llama.cpp's built-in one for its turn markers."""
         return apply_template(self.vocab, messages, add_generation_prompt, enable_thinking=enable_thinking,
-                              template_kwargs=template_kwargs)
+                              tools=tools, template_kwargs=template_kwargs)
 
     def generate(
         self,

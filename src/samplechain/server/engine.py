@@ -306,6 +306,7 @@ class Engine:
         rules = Rules(n_predict=max(task.n_predict, 1) if task.n_predict >= 0 else -1,
                       n_keep=min(slot.n_ctx - 4, n_keep + int(self.vocab.add_bos)), n_discard=task.n_discard,
                       context_shift=self.context_shift, stop=task.stop, server=True, special=self.special,
+                      preserved=self._preserved(task.params.preserved_tokens),
                       n_indent=task.n_indent, t_max_predict_ms=task.t_max_predict_ms,
                       probs=task.params.n_probs > 0)
         d = Decoder(slot.seq, sampler, self.vocab, rules, n_prompt=len(task.tokens), speculation=spec)
@@ -314,6 +315,12 @@ class Engine:
         self.metrics.n_cached += n_cached
         task.emit(Begin(slot.id))
         self._progress(slot)
+
+    def _preserved(self, texts: tuple[str, ...]) -> frozenset[int]:
+        """The token ids of a chat format's preserved tokens (texts that are one token): llama-server shows their
+        text in the output even without ``--special`` (a tool-call tag must reach the parser)."""
+        ids = (self.vocab.tokenize(t, add_special=False, parse_special=True) for t in texts)
+        return frozenset(t[0] for t in ids if len(t) == 1)
 
     def _progress(self, s: Slot) -> None:
         """``prompt_progress`` (spec/server.md §5.6): once before the prompt, then after each prompt batch."""

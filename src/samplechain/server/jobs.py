@@ -7,10 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from samplechain.grammar.json_schema import server_response_schema
 from samplechain.params import SamplingParams
 from samplechain.server import request as rq
 from samplechain.server import responses as rs
 from samplechain.server.request import APIError, Options, bad_request
+from samplechain.server.tool_calls import ChatPrompt
 
 if TYPE_CHECKING:
     from samplechain.server.state import ServerState
@@ -71,21 +73,36 @@ def prepare_completion(state: ServerState, body: dict[str, Any]) -> tuple[Sampli
     return params, opts, jobs(state, params, opts, prompts)
 
 
-def prepare_chat(state: ServerState, body: dict[str, Any]) -> tuple[SamplingParams, Options, list[Job], str]:
-    """A chat request's parameters, its prompt tokens (through the chat template) and the generation prompt."""
+def prepare_chat(state: ServerState, body: dict[str, Any]) -> tuple[SamplingParams, Options, list[Job], ChatPrompt]:
+    """A chat request's parameters, its prompt tokens (through the chat template) and its ``ChatPrompt``: the
+    generation prompt and the chat format, whose grammar (tool calls) replaces the request's grammar fields."""
     n_ctx = state.running_engine.n_ctx_slot
     try:
-        text, generation_prompt = rq.chat_prompt(state.model, body, n_ctx)
         fields = {**body, **rq.response_format(body), **rq.chat_logprobs(body)}
-        if generation_prompt and "generation_prompt" not in body:
-            fields["generation_prompt"] = generation_prompt
+        schema = fields.get("json_schema")
+        chat = rq.chat_setup(state.model, body, n_ctx,
+                             json_schema=None if schema is None else server_response_schema(schema))
+        fmt = chat.format
+        if fmt.parse_tools:
+            if body.get("stream") and body.get("logprobs"):
+                raise bad_request("logprobs is not supported with tools + stream")
+            fields["json_schema"] = None  # the format's grammar holds the response schema, if any
+            if fmt.stops:
+                stop = fields.get("stop") or []
+                fields["stop"] = [*([stop] if isinstance(stop, str) else stop), *fmt.stops]
+        if chat.generation_prompt and "generation_prompt" not in body:
+            fields["generation_prompt"] = chat.generation_prompt
         params, opts = prepare(state, fields)
+        if fmt.parse_tools:  # the format's grammar is the whole grammar; its size is bounded by the tools' limits
+            params = replace(params, grammar=fmt.grammar, grammar_lazy=fmt.grammar_lazy,
+                             grammar_triggers=tuple((k, v, None) for k, v in fmt.triggers),
+                             preserved_tokens=fmt.preserved_tokens)
     except ValueError as e:
         raise bad_request(str(e)) from None
     if params.reasoning_budget_tokens >= 0 and not params.reasoning_budget_start_tag:
         # a thinking budget from the request: the thinking block's tags, as the chat format gives them
         params = replace(params, reasoning_budget_start_tag=rs.ReasoningSplitter.START,
                          reasoning_budget_end_tags=(rs.ReasoningSplitter.END,))
-    tokens = rq.tokenize_mixed(state.model, text, n_ctx=n_ctx)
+    tokens = rq.tokenize_mixed(state.model, chat.prompt, n_ctx=n_ctx)
     check_fits(state, tokens)
-    return params, opts, jobs(state, params, opts, [tokens]), generation_prompt
+    return params, opts, jobs(state, params, opts, [tokens]), chat

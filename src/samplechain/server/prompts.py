@@ -7,8 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from samplechain.runtime.chat import starts_with_bos
+from samplechain.runtime.chat_template import _token_text as token_text
+from samplechain.runtime.chat_template import builtin_template_name
 from samplechain.runtime.generation import Model
 from samplechain.server.limits import MAX_COMPLETIONS, MAX_MESSAGES, APIError, bad_request
+from samplechain.server.tool_calls import ChatPrompt, parse_tool_request, render_chat, tool_caps
 
 
 def max_prompt_chars(model: Model, n_ctx: int) -> int:
@@ -95,8 +98,28 @@ def _content_text(content: Any) -> str:
     raise bad_request("Expected 'content' to be a string or an array")
 
 
-def chat_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
-    """Validated messages with string contents (llama-server's checks and messages)."""
+def _tool_calls(calls: Any, i: int) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls``, checked as ``common_chat_msgs_parse_oaicompat`` checks them."""
+    if not isinstance(calls, list):
+        raise bad_request(f"messages[{i}]: 'tool_calls' must be an array")
+    out = []
+    for call in calls:
+        if not isinstance(call, Mapping) or call.get("type", "function") != "function":
+            raise bad_request(f"messages[{i}]: Unsupported tool call type: {call!r}"[:200])
+        fn = call.get("function")
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            raise bad_request(f"messages[{i}]: a tool call needs a function with a string name")
+        args = fn.get("arguments", "")
+        if not isinstance(args, (str, Mapping)):
+            raise bad_request(f"messages[{i}]: a tool call's arguments must be a JSON string or an object")
+        out.append({"type": "function", "function": {"name": fn["name"], "arguments": args},
+                    **({"id": call["id"]} if isinstance(call.get("id"), str) else {})})
+    return out
+
+
+def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Validated messages with string contents and their tool fields (``tool_calls``, ``tool_call_id``, ``name``),
+    with llama-server's checks and messages."""
     messages = body.get("messages")
     if messages is None:
         raise bad_request("'messages' is required")
@@ -105,7 +128,7 @@ def chat_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
     if len(messages) > MAX_MESSAGES:
         raise bad_request(f"Field 'messages': at most {MAX_MESSAGES} messages, got {len(messages)}")
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
             raise bad_request("each message must be an object with a string 'role'")
         role = "system" if m["role"] == "developer" else m["role"]
@@ -113,15 +136,26 @@ def chat_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
             raise bad_request("All non-assistant messages must contain 'content'")
         if role == "assistant" and m.get("content") is None and not m.get("tool_calls"):
             raise bad_request("Assistant message must contain either 'content' or 'tool_calls'!")
-        out.append({"role": role, "content": _content_text(m.get("content"))})
+        msg: dict[str, Any] = {"role": role, "content": _content_text(m.get("content"))}
+        if m.get("tool_calls"):
+            msg["tool_calls"] = _tool_calls(m["tool_calls"], i)
+        for key in ("tool_call_id", "name"):
+            if m.get(key) is not None:
+                if not isinstance(m[key], str):
+                    raise bad_request(f"messages[{i}]: '{key}' must be a string")
+                msg[key] = m[key]
+        out.append(msg)
     if len(out) >= 2 and out[-1]["role"] == "assistant" and out[-2]["role"] == "assistant":
         raise bad_request("Cannot have 2 or more assistant messages at the end of the list.")
     return out
 
 
-def chat_prompt(model: Model, body: Mapping[str, Any], n_ctx: int | None = None) -> tuple[str, str]:
-    """The rendered prompt and the generation prompt it ends with (the assistant header, or a prefilled message).
-    With ``n_ctx``, messages whose text cannot fit are refused before the template renders them."""
+def chat_setup(model: Model, body: Mapping[str, Any], n_ctx: int | None = None,
+               json_schema: Any = None) -> ChatPrompt:
+    """A chat request's prompt, the generation prompt it ends with (the assistant header, or a prefilled message)
+    and its chat format (tools, their grammar and parser: ``tool_calls``). ``json_schema``: the request's response
+    schema, which the generic format folds into its grammar when there are tools. With ``n_ctx``, messages whose
+    text cannot fit are refused before the template renders them."""
     messages = chat_messages(body)
     check_length(model, sum(len(m["content"]) for m in messages), n_ctx)
     add_gen = body.get("add_generation_prompt", True)
@@ -130,27 +164,44 @@ def chat_prompt(model: Model, body: Mapping[str, Any], n_ctx: int | None = None)
         raise bad_request("add_generation_prompt and continue_final_message must be true or false")
     if add_gen and cont:
         raise bad_request("Cannot set both add_generation_prompt and continue_final_message to true.")
-    if body.get("tools") and body.get("tool_choice", "auto") != "none":
-        raise bad_request("tools are not supported by this server's chat formats yet")
+    request = parse_tool_request(body)
+    if request is not None and request.choice != "none" and body.get("grammar") is not None:
+        raise bad_request("Cannot use custom grammar constraints with tools.")
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, Mapping):
         raise bad_request("'chat_template_kwargs' must be an object")
     thinking = kwargs.get("enable_thinking", False if body.get("reasoning_effort") == "none" else None)
     if thinking is not None and not isinstance(thinking, bool):
         raise bad_request(f'invalid type for "enable_thinking" (expected boolean, got {type(thinking).__name__})')
-
     extra = {k: v for k, v in kwargs.items() if k != "enable_thinking"}
 
-    def render(msgs: list[dict[str, str]], add_generation_prompt: bool) -> str:  # a template's ValueError is a 400
-        return model.apply_chat_template(msgs, add_generation_prompt, enable_thinking=thinking, template_kwargs=extra)
+    def render(msgs: list[dict[str, Any]], add_generation_prompt: bool, tools: list[dict[str, Any]] | None,
+               variables: dict[str, Any]) -> str:  # a template's ValueError is a 400
+        return model.apply_chat_template(msgs, add_generation_prompt, enable_thinking=thinking,
+                                         template_kwargs={**extra, **variables}, tools=tools)
+
+    vocab = model.vocab
+    source = vocab.chat_template or ""
+    key = source or "builtin:" + builtin_template_name(vocab)
+    caps = tool_caps(render, (key, token_text(vocab, vocab.bos), token_text(vocab, vocab.eos)))
+
+    def setup(msgs: list[dict[str, Any]], add_generation_prompt: bool) -> ChatPrompt:
+        return render_chat(render, source, caps, msgs, request, add_generation_prompt, enable_thinking=thinking,
+                           json_schema=json_schema)
 
     prefill = messages and messages[-1]["role"] == "assistant" and (add_gen or cont)
     if prefill:  # assistant prefill: continue the last message
-        head = render(messages[:-1], True)
-        return head + messages[-1]["content"], messages[-1]["content"]
+        if messages[-1].get("tool_calls"):
+            raise bad_request("Cannot continue an assistant message that contains tool calls.")
+        head = setup(messages[:-1], True)
+        content = messages[-1]["content"]
+        return ChatPrompt(head.prompt + content, content, head.format)
     if not messages:
         raise bad_request("'messages' must not be empty")
-    text = render(messages, add_gen)
-    without = render(messages, False)
-    return text, text[len(without):] if text.startswith(without) else ""
+    return setup(messages, add_gen)
 
+
+def chat_prompt(model: Model, body: Mapping[str, Any], n_ctx: int | None = None) -> tuple[str, str]:
+    """The rendered prompt and the generation prompt it ends with (``chat_setup``)."""
+    setup = chat_setup(model, body, n_ctx)
+    return setup.prompt, setup.generation_prompt

@@ -47,6 +47,7 @@ from samplechain.server.limits import (  # noqa: F401  (the request API's names,
 from samplechain.server.prompts import (  # noqa: F401  (the request API's names, importable from here)
     chat_messages,
     chat_prompt,
+    chat_setup,
     check_length,
     max_prompt_chars,
     prompts,

@@ -14,6 +14,7 @@ from fastapi.responses import Response
 from samplechain.params import SamplingParams
 from samplechain.runtime.decoding import Timings
 from samplechain.runtime.events import Error, Final, Progress, Token
+from samplechain.server import tool_calls as tc
 from samplechain.server.request import APIError, Options, finite
 
 BUILD_INFO = "b1-samplechain"
@@ -177,8 +178,12 @@ def usage(finals: list[Final]) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": finals[0].n_cached if finals else 0}}
 
 
-def finish_reason(final: Final) -> str:
-    return "stop" if final.stop_type in ("eos", "word") else "length"
+def finish_reason(final: Final, tool_calls: bool = False) -> str:
+    """``stop`` (``tool_calls`` when the answer has tool calls) for an end of generation or a stop word, else
+    ``length``."""
+    if final.stop_type in ("eos", "word"):
+        return "tool_calls" if tool_calls else "stop"
+    return "length"
 
 
 def oai_envelope(obj: str, cid: str, model: str, created: int | None = None) -> dict[str, Any]:
@@ -205,14 +210,22 @@ def oai_completion_chunk(ev: Token | Final, index: int, env: dict[str, Any]) -> 
 
 
 def oai_chat(finals: list[Final], cid: str, model: str, reasoning: list[tuple[str, str]],
-             with_logprobs: bool) -> dict[str, Any]:
+             with_logprobs: bool, tool_format: str | None = None) -> dict[str, Any]:
+    """A chat completion; with ``tool_format``, each answer is parsed for tool calls in that chat format."""
     choices = []
     for i, f in enumerate(finals):
         thought, content = reasoning[i]
         message: dict[str, Any] = {"role": "assistant", "content": content}
+        calls = False
+        if tool_format is not None:
+            parsed = tc.parse_message(tool_format, content)
+            for call in parsed.tool_calls:
+                call.id = call.id or tc.tool_call_id()
+            message.update(tc.message_json(parsed))
+            calls = bool(parsed.tool_calls)
         if thought:
             message["reasoning_content"] = thought
-        choice: dict[str, Any] = {"finish_reason": finish_reason(f), "index": i, "message": message}
+        choice: dict[str, Any] = {"finish_reason": finish_reason(f, calls), "index": i, "message": message}
         if with_logprobs:
             choice["logprobs"] = {"content": f.probs}
         choices.append(choice)
@@ -225,10 +238,12 @@ class ChatStream:
     content, logprobs and timings as asked, then its finish reason; the usage at the end (``include_usage``)."""
 
     def __init__(self, cid: str, model: str, created: int, opts: Options, thinking: bool, started: bool,
-                 with_logprobs: bool) -> None:
+                 with_logprobs: bool, tool_format: str | None = None) -> None:
         self.cid, self.model, self.created, self.opts = cid, model, created, opts
         self.with_logprobs = with_logprobs
         self.splitters = [ReasoningSplitter(thinking, started) for _ in range(opts.n_cmpl)]
+        # with tools: each choice's answer parsed as it streams, one chunk per delta (llama-server's diffs)
+        self.messages = [tc.MessageStream(tool_format) for _ in range(opts.n_cmpl)] if tool_format else None
         self.role_sent = [False] * opts.n_cmpl
         self.finals: list[Final] = []
 
@@ -251,23 +266,29 @@ class ChatStream:
                                      "delta": {"role": "assistant", "content": None}}], **env})
         token = ev if isinstance(ev, Token) else None
         thought, content = self.splitters[index].push("" if token is None else token.text, final=token is None)
-        delta: dict[str, Any] = {}
-        if thought:
-            delta["reasoning_content"] = thought
-        if content:
-            delta["content"] = content
+        deltas: list[dict[str, Any]] = [{"reasoning_content": thought}] if thought else []
+        if self.messages is not None:
+            deltas += self.messages[index].update(content, final=token is None)
+        elif content:
+            if deltas:
+                deltas[0]["content"] = content
+            else:
+                deltas.append({"content": content})
         logprobs = token is not None and token.probs is not None and self.with_logprobs
-        if delta or logprobs:
+        if logprobs and not deltas:
+            deltas.append({})
+        for k, delta in enumerate(deltas):
             chunk: dict[str, Any] = {"choices": [{"finish_reason": None, "index": index, "delta": delta}], **env}
-            if logprobs:
+            if logprobs and k == len(deltas) - 1:
                 chunk["choices"][0]["logprobs"] = {"content": [token.probs]}
             if token is not None and self.opts.timings_per_token:
                 chunk["timings"] = token.timings
             out.append(chunk)
         if isinstance(ev, Final):
             self.finals.append(ev)
-            last: dict[str, Any] = {"choices": [{"finish_reason": finish_reason(ev), "index": index, "delta": {}}],
-                                    **env}
+            calls = self.messages is not None and bool(self.messages[index].msg.tool_calls)
+            last: dict[str, Any] = {"choices": [{"finish_reason": finish_reason(ev, calls), "index": index,
+                                                 "delta": {}}], **env}
             if not self.opts.include_usage:
                 last["timings"] = ev.timings
             out.append(last)

@@ -77,7 +77,9 @@ def router(state: ServerState) -> APIRouter:
     async def chat_completions(req: Request) -> Response:
         body = await rq.read_json(req)
         # templates, tokenizing and grammar compilation off the event loop: other streams keep flowing
-        params, opts, todo, generation_prompt = await asyncio.to_thread(prepare_chat, state, body)
+        params, opts, todo, chat_prompt = await asyncio.to_thread(prepare_chat, state, body)
+        generation_prompt = chat_prompt.generation_prompt
+        tool_format = chat_prompt.format.name if chat_prompt.format.parse_tools else None
         tokens = todo[0].tokens
         vocab = state.model.vocab
         reasoning_format = body.get("reasoning_format", "auto")
@@ -91,12 +93,12 @@ def router(state: ServerState) -> APIRouter:
         if not opts.stream:
             finals = await run.finals()
             split = [rs.ReasoningSplitter(thinking, started).push(f.content, final=True) for f in finals]
-            out = rs.oai_chat(finals, cid, model_id, split, with_logprobs)
+            out = rs.oai_chat(finals, cid, model_id, split, with_logprobs, tool_format)
             if opts.verbose:
                 out["__verbose"] = {"prompt": vocab.detokenize(tokens), "content": finals[0].content}
             return reply(out)
         await run.started()
-        chat = rs.ChatStream(cid, model_id, int(time.time()), opts, thinking, started, with_logprobs)
+        chat = rs.ChatStream(cid, model_id, int(time.time()), opts, thinking, started, with_logprobs, tool_format)
 
         async def events() -> AsyncIterator[bytes]:
             async for index, ev in run.events():

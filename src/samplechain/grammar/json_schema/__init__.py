@@ -5,9 +5,14 @@ grammars from both are interchangeable. Structural schema errors and invalid reg
 :class:`GrammarError`; unsupported regex features fall back to a plain string with a warning (as llama.cpp).
 """
 
-from samplechain.grammar.json_schema.converter import MAX_INT_DIGITS, json_schema_to_gbnf, server_response_schema
+from samplechain.grammar.json_schema.converter import (
+    MAX_INT_DIGITS,
+    GrammarBuilder,
+    json_schema_to_gbnf,
+    server_response_schema,
+)
 from samplechain.grammar.json_schema.pattern import DOT, DOT_ALL, MAX_PATTERN_NESTING
 from samplechain.grammar.json_schema.rules import FORMATS, PRIMITIVES, RESERVED, SPACE_RULE
 
-__all__ = ["DOT", "DOT_ALL", "FORMATS", "MAX_INT_DIGITS", "MAX_PATTERN_NESTING", "PRIMITIVES", "RESERVED",
-           "SPACE_RULE", "json_schema_to_gbnf", "server_response_schema"]
+__all__ = ["DOT", "DOT_ALL", "FORMATS", "MAX_INT_DIGITS", "MAX_PATTERN_NESTING", "PRIMITIVES", "RESERVED", "SPACE_RULE",
+           "GrammarBuilder", "json_schema_to_gbnf", "server_response_schema"]

@@ -402,4 +402,40 @@ def json_schema_to_gbnf(schema: Any, dotall: bool = False) -> str:
         conv.visit(schema, "")
     except RecursionError:
         raise GrammarError("JSON schema nested too deeply") from None
-    return "".join(f"{name} ::= {body}\n" for name, body in sorted(conv.rules.items(), key=lambda kv: kv[0].encode()))
+    return _gbnf(conv.rules)
+
+
+def _gbnf(rules: dict[str, str]) -> str:
+    """Rules as llama.cpp prints them: sorted by name, one ``name ::= body`` a line."""
+    return "".join(f"{name} ::= {body}\n" for name, body in sorted(rules.items(), key=lambda kv: kv[0].encode()))
+
+
+class GrammarBuilder:
+    """One grammar from several schemas and hand-written rules: llama.cpp's ``build_grammar`` with its
+    ``common_grammar_builder`` (``add_rule``, ``add_schema``), which the chat formats' tool-call grammars use."""
+
+    def __init__(self) -> None:
+        self._conv = _Converter({})
+
+    def add_rule(self, name: str, body: str) -> str:
+        """Adds ``name ::= body`` (renamed ``name0``, ``name1``... if ``name`` holds another body); its name."""
+        return self._conv.add_rule(name, body)
+
+    def add_schema(self, name: str, schema: Any, refs_root: Any = None) -> str:
+        """The rule for JSON valid under ``schema``, named after ``name`` (``"root"``: the grammar's root); its
+        ``#/...`` references resolve in ``refs_root`` (default: ``schema``), as llama.cpp's ``resolve_refs``."""
+        self._conv.root_schema = schema if refs_root is None else refs_root
+        self._conv.ref_targets = {}
+        try:
+            return self._conv.visit(schema, "" if name == "root" else name)
+        except RecursionError:
+            raise GrammarError("JSON schema nested too deeply") from None
+
+    @staticmethod
+    def literal(text: str) -> str:
+        """``text`` as a GBNF string literal."""
+        return _literal(text)
+
+    def text(self) -> str:
+        """The grammar: every rule, as ``json_schema_to_gbnf`` prints them."""
+        return _gbnf(self._conv.rules)
