@@ -175,7 +175,15 @@ def test_builtin_template_by_name_without_jinja(smol):
                            "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")
     with live_server(smol, n_slots=1, n_ctx=256, use_jinja=False) as s:  # SmolLM2's template detected as ChatML
         r = call(s, "POST", "/apply-template", {"messages": [{"role": "user", "content": "Hi"}]}).json()
+        tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+        no_tools = call(s, "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                                             "tools": [tool]})
+        no_choice = call(s, "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                                              "tool_choice": "required"})
     assert r["prompt"] == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert (no_tools.status, no_tools.json()["error"]["message"]) == (400, "tools param requires --jinja flag")
+    assert (no_choice.status, no_choice.json()["error"]["message"]) == (
+        400, "tool_choice param requires --jinja flag")
 
 
 def test_jinja_template_reasoning_default_and_verbose(smol):

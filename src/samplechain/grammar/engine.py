@@ -43,9 +43,11 @@ _budget = threading.local()
 @contextmanager
 def time_budget(seconds: float) -> Iterator[None]:
     """Grammar work on this thread (expanding stacks, computing masks) raises ``GrammarError`` once it has taken
-    more than ``seconds``: a server compiles a request's grammar and its first mask under a budget, so that no
-    grammar can hold a worker for long. Other threads (the engine's) are not limited."""
-    _budget.deadline, _budget.seconds = time.monotonic() + seconds, seconds
+    more than ``seconds`` of this thread's CPU time: a server compiles a request's grammar and its first mask under
+    a budget, so that no grammar can hold a worker for long. CPU time, not wall time: the budget measures the
+    grammar's work, so a busy machine (or other requests compiling beside it, sharing the GIL) never fails a grammar
+    that fits. Other threads (the engine's) are not limited."""
+    _budget.deadline, _budget.seconds = time.thread_time() + seconds, seconds
     try:
         yield
     finally:
@@ -55,7 +57,7 @@ def time_budget(seconds: float) -> Iterator[None]:
 def check_budget() -> None:
     """Raise ``GrammarError`` when this thread's ``time_budget`` is spent."""
     deadline = getattr(_budget, "deadline", None)
-    if deadline is not None and time.monotonic() > deadline:
+    if deadline is not None and time.thread_time() > deadline:
         raise GrammarError(f"the grammar took more than the compile time budget of {_budget.seconds:g} s; "
                            "simplify it (fewer alternatives or rules)")
 

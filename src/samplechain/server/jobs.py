@@ -77,6 +77,11 @@ def prepare_chat(state: ServerState, body: dict[str, Any]) -> tuple[SamplingPara
     """A chat request's parameters, its prompt tokens (through the chat template) and its ``ChatPrompt``: the
     generation prompt and the chat format, whose grammar (tool calls) replaces the request's grammar fields."""
     n_ctx = state.running_engine.n_ctx_slot
+    if not state.config.use_jinja:  # built-in templates render no tools (llama-server's messages)
+        if isinstance(body.get("tools"), list) and body["tools"]:
+            raise bad_request("tools param requires --jinja flag")
+        if body.get("tool_choice", "auto") != "auto":
+            raise bad_request("tool_choice param requires --jinja flag")
     try:
         fields = {**body, **rq.response_format(body), **rq.chat_logprobs(body)}
         schema = fields.get("json_schema")

@@ -82,7 +82,7 @@ def router(state: ServerState) -> APIRouter:
         tool_format = chat_prompt.format.name if chat_prompt.format.parse_tools else None
         tokens = todo[0].tokens
         vocab = state.model.vocab
-        reasoning_format = body.get("reasoning_format", "auto")
+        reasoning_format = body.get("reasoning_format", config.reasoning_format)
         thinking = reasoning_format != "none"
         started = generation_prompt.rstrip().endswith(rs.ReasoningSplitter.START)
         with_logprobs = params.n_probs > 0 and bool(body.get("logprobs"))
