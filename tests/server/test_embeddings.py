@@ -225,6 +225,13 @@ def test_completions_still_run_beside_embeddings(mean_server):
         assert embd.result().status == 200
 
 
+def test_unified_cache_gives_the_same_vectors(smol, mean_server):
+    expected = call(mean_server, "POST", "/v1/embeddings", {"input": [TEXT, "hello"]}).json()["data"]
+    with live_server(smol, n_slots=2, n_ctx=256, embedding=True, pooling="mean", kv_unified=True) as s:
+        got = call(s, "POST", "/v1/embeddings", {"input": [TEXT, "hello"]}).json()["data"]
+    assert got == expected
+
+
 def test_pooling_none_gives_each_token_unnormalized(smol):
     tokens = smol.tokenize(TEXT)
     expected = Context(smol.transformer, 64).embed(tokens).numpy()

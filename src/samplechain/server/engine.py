@@ -115,7 +115,8 @@ class Slot:
         if d is None:  # an embedding task
             return True, {"id_task": task.id, "n_prompt_tokens": len(task.tokens),
                           "n_prompt_tokens_processed": len(task.tokens), "n_prompt_tokens_cache": 0,
-                          "params": task.params, "n_decoded": 0, "n_predict": task.n_predict, "has_new_line": False}
+                          "params": task.params, "n_decoded": 0, "n_predict": task.n_predict, "n_remain": -1,
+                          "has_new_line": False}
         return True, {"id_task": task.id, "n_prompt_tokens": len(task.tokens),
                       "n_prompt_tokens_processed": d.timings.n_prompt, "n_prompt_tokens_cache": d.timings.n_reused,
                       "params": task.params, "n_decoded": len(d.generated), "n_predict": task.n_predict,
