@@ -176,7 +176,8 @@ def _add_spec_arguments(sp: argparse._ArgumentGroup) -> None:
                     help="comma-separated drafters: ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, "
                          "ngram-cache, draft-simple (with -md), none; repeatable")
     sp.add_argument("--spec-default", action="store_true", help="ngram-mod with n-match 24, n-min 48, n-max 64")
-    sp.add_argument("-md", "--model-draft", default=None, help="draft model GGUF (used by --spec-type draft-simple)")
+    sp.add_argument("-md", "--model-draft", "--spec-draft-model", dest="model_draft", default=None,
+                    help="draft model GGUF (used by --spec-type draft-simple)")
     sp.add_argument("--draft-max", "--draft", "--draft-n", "--spec-draft-n-max", dest="draft_max",
                     type=_non_negative_int, default=16, help="longest draft (the length adapts below it)")
     sp.add_argument("--draft-min", "--draft-n-min", "--spec-draft-n-min", dest="draft_min",
@@ -286,7 +287,14 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     n.add_argument("-gaw", "--grp-attn-w", type=int, default=None, help="no group attention (self-extend)")
     s = sv.add_argument_group("sampling: every request's defaults (llama.cpp's flags and defaults)")
     add_sampling_arguments(s)
-    _add_spec_arguments(sv.add_argument_group("speculative decoding per slot (n-gram drafters; same text as without)"))
+    _add_spec_arguments(sv.add_argument_group("speculative decoding per slot (n-gram drafters, a draft model; same "
+                                              "text as without)"))
+    # embeddings (llama-server's --embedding and --pooling; -md is with the speculative flags)
+    e = sv.add_argument_group("embeddings")
+    e.add_argument("--embedding", "--embeddings", dest="embedding", action="store_true",
+                   help="serve /embedding, /embeddings and /v1/embeddings (completions are served too)")
+    e.add_argument("--pooling", choices=("none", "mean", "cls", "last", "rank"), default=None,  # runtime.embeddings
+                   help="how embeddings pool the prompt's tokens (default: the model's own type, else none)")
 
 
 def _add_trace_parser(sub: argparse._SubParsersAction) -> None:
@@ -413,13 +421,27 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     defaults = Defaults(params=params, n_predict=args.n_predict, n_keep=args.keep,
                         stop=tuple(r for r in args.reverse_prompt if r), cache_prompt=args.cache_prompt,
                         verbose=args.verbose)
-    if args.model_draft is not None or "draft-simple" in {t.strip() for v in _spec_types(args) for t in v.split(",")}:
-        parser.error("serve drafts with the n-gram drafters only (draft-simple / -md are for generate)")
-    _speculation(args, None)  # bad drafter names and lengths are usage errors now, not at the first request
+    # embeddings and the draft model (--embedding, --pooling, -md with --spec-type draft-simple)
+    n_batch = args.batch_size
+    if args.embedding and n_batch > args.ubatch_size > 0:  # llama-server: a prompt to embed fits in one ubatch
+        print(f"warning: embeddings enabled with n_batch ({n_batch}) > n_ubatch ({args.ubatch_size}): setting "
+              f"n_batch = n_ubatch = {args.ubatch_size}", file=sys.stderr)
+        n_batch = args.ubatch_size
+    drafting = "draft-simple" in {t.strip() for v in _spec_types(args) for t in v.split(",")}
+    if drafting and args.model_draft is None:
+        parser.error("--spec-type draft-simple needs a draft model (-md)")
+    if args.model_draft is not None and not drafting:
+        print("note: -md is used only with --spec-type draft-simple", file=sys.stderr)
+    if drafting:
+        model_path(args.model_draft)
+    _speculation(args, None, serving=True)  # bad drafter names and lengths are usage errors now
     config = ServerConfig(
-        speculation=(lambda: _speculation(args, None)) if _spec_types(args) else None,
+        speculation=(lambda: _speculation(args, None, serving=True)) if _spec_types(args) else None,
+        embedding=args.embedding, pooling=args.pooling, model_draft=args.model_draft if drafting else None,
+        draft_params={"n_max": max(1, args.draft_max), "n_min": args.draft_min, "p_min": args.draft_p_min,
+                      "sample": args.spec_verify == "sample", "seed": args.seed},
         model=args.model, host=args.host, port=args.port, n_slots=4 if args.parallel == -1 else args.parallel,
-        n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads, device=args.device,
+        n_ctx=args.ctx_size, n_batch=n_batch, n_threads=args.threads, device=args.device,
         kernel=args.kernel, api_keys=_api_keys(args), cors_origins=args.cors_origins,
         cors_methods=args.cors_methods, cors_headers=args.cors_headers, cors_credentials=args.cors_credentials,
         timeout=args.timeout, shutdown_grace=args.shutdown_grace, metrics=args.metrics, slots=args.slots,
@@ -588,14 +610,15 @@ def _spec_types(args: argparse.Namespace) -> list[str]:
     return types
 
 
-def _speculation(args: argparse.Namespace, model: object) -> object | None:
-    """The drafters the flags ask for (llama.cpp: a draft model is used only with --spec-type draft-simple)."""
+def _speculation(args: argparse.Namespace, model: object, serving: bool = False) -> object | None:
+    """The drafters the flags ask for (llama.cpp: a draft model is used only with --spec-type draft-simple).
+    ``serving``: the server's, per task: its slots have the draft model (``Engine``), nothing is said here."""
     from samplechain.runtime.speculation import Speculation
     from samplechain.speculative.ngram import make_drafters
 
     types = _spec_types(args)
     names = {t.strip() for value in types for t in value.split(",")}
-    if args.model_draft is not None and "draft-simple" not in names:
+    if args.model_draft is not None and "draft-simple" not in names and not serving:
         print("note: -md is used only with --spec-type draft-simple", file=sys.stderr)
     if not names:
         return None
@@ -609,7 +632,7 @@ def _speculation(args: argparse.Namespace, model: object) -> object | None:
                       ngram_mod_n_max=args.spec_ngram_mod_n_max)
     params.update(lookup_cache_static=args.lookup_cache_static, lookup_cache_dynamic=args.lookup_cache_dynamic)
     drafters = make_drafters(types, **params)
-    if "draft-simple" in names:
+    if "draft-simple" in names and not serving:
         if args.model_draft is None:
             raise ValueError("--spec-type draft-simple needs a draft model (-md)")
         from samplechain.speculative.draft_model import DraftModel

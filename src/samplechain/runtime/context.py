@@ -41,6 +41,32 @@ class Context:
         Defaults as ``llama_batch_get_one``: one sequence (0), positions continuing after its last one, and an
         output for the last token only. Larger batches are split into ``n_batch`` pieces.
         """
+        toks, pos, seqs, out = self._batch(tokens, positions, seq_ids, outputs)
+        n = toks.size
+        results = []
+        for i in range(0, n, self.n_batch):
+            j = min(n, i + self.n_batch)
+            logits = self.transformer.forward(self.kv, toks[i:j], pos[i:j], seqs[i:j], out[i:j])
+            if out[i:j].any():
+                results.append(logits)
+        if not results:
+            return torch.empty(0, self.n_vocab)
+        return results[0] if len(results) == 1 else torch.cat(results)
+
+    def embed(self, tokens: Sequence[int], positions: Sequence[int] | None = None,
+              seq_ids: Sequence[int | Sequence[int]] | None = None) -> torch.Tensor:
+        """Evaluate a batch as ``decode`` does; returns every token's embedding [n, n_embd] (the final norm's
+        output, llama.cpp's embeddings before pooling) instead of logits."""
+        toks, pos, seqs, _ = self._batch(tokens, positions, seq_ids, None)
+        n = toks.size
+        parts = [self.transformer.embed(self.kv, toks[i:i + self.n_batch], pos[i:i + self.n_batch],
+                                        seqs[i:i + self.n_batch]) for i in range(0, n, self.n_batch)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _batch(self, tokens: Sequence[int], positions: Sequence[int] | None,
+               seq_ids: Sequence[int | Sequence[int]] | None, outputs: Sequence[bool] | None,
+               ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, ...]], np.ndarray]:
+        """A batch checked and completed with the defaults (see ``decode``), its cells known to fit."""
         toks = np.asarray(tokens, dtype=np.int64).reshape(-1)
         n = toks.size
         if n == 0:
@@ -69,15 +95,7 @@ class Context:
         if self.kv.unified and n > self.kv.size - self.kv.n_used:
             raise KVCacheFull(f"KV cache full: {n} tokens need cells, {self.kv.size - self.kv.n_used} of "
                               f"{self.kv.size} are free (context shift is off or not enough)")
-        results = []
-        for i in range(0, n, self.n_batch):
-            j = min(n, i + self.n_batch)
-            logits = self.transformer.forward(self.kv, toks[i:j], pos[i:j], seqs[i:j], out[i:j])
-            if out[i:j].any():
-                results.append(logits)
-        if not results:
-            return torch.empty(0, self.n_vocab)
-        return results[0] if len(results) == 1 else torch.cat(results)
+        return toks, pos, seqs, out
 
     def context_shift(self, n_past: int, n_keep: int, seq: int = 0, n_discard: int = 0) -> int:
         """llama.cpp's context shift on the cells: keep the first ``n_keep`` positions, drop the next ``n_discard``

@@ -348,6 +348,23 @@ class CEngine:
 
     def compute(self, transformer: Transformer, cache: KVCache, tokens: np.ndarray, positions: np.ndarray,
                 cells: np.ndarray, n_kv: int, masks: dict[int | None, np.ndarray], rows: np.ndarray) -> torch.Tensor:
+        _, logits = self._forward(transformer, cache, tokens, positions, cells, n_kv, masks, rows)
+        return transformer.softcap(torch.from_numpy(logits))
+
+    def compute_embeddings(self, transformer: Transformer, cache: KVCache, tokens: np.ndarray,
+                           positions: np.ndarray, cells: np.ndarray, n_kv: int,
+                           masks: dict[int | None, np.ndarray]) -> torch.Tensor:
+        """Every token's embedding: the C forward leaves the last layer's hidden states in its input buffer; they
+        go through the output norm here. (The forward always ends in the LM head: the last token's logits are
+        computed and dropped, a small part of the cost.)"""
+        last = np.array([len(tokens) - 1], dtype=np.int64)
+        x, _ = self._forward(transformer, cache, tokens, positions, cells, n_kv, masks, last)
+        return transformer.final_norm(torch.from_numpy(x))
+
+    def _forward(self, transformer: Transformer, cache: KVCache, tokens: np.ndarray, positions: np.ndarray,
+                 cells: np.ndarray, n_kv: int, masks: dict[int | None, np.ndarray], rows: np.ndarray,
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """One C forward: the last layer's hidden states [n, n_embd] and the logits of ``rows`` [rows, n_vocab]."""
         c = transformer.config
         if cache.k.dtype != torch.float32 or cache.k.device.type != "cpu" or not cache.k.is_contiguous():
             raise ValueError("the C engine needs a contiguous float32 KV cache on the CPU")
@@ -375,7 +392,7 @@ class CEngine:
             p(logits.ctypes.data), torch.get_num_threads())
         if rc != 0:
             raise MemoryError("the C engine could not allocate its work buffers")
-        return transformer.softcap(torch.from_numpy(logits))
+        return x, logits
 
     def linear(self, lin: Linear, x: np.ndarray) -> np.ndarray:
         """One linear on float rows [n, in] with this engine's kernels (for tests)."""

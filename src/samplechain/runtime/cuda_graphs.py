@@ -99,3 +99,9 @@ class CudaGraphEngine:
             pool = next(iter(graphs.values())).graph.pool() if graphs else None
             graphs[size] = _Graph(transformer, cache, size, pool, self.tf32)
         return graphs[size].run(tokens, positions, cells, n_kv, masks, rows)  # a gather: a tensor of its own
+
+    def compute_embeddings(self, transformer: Transformer, cache: KVCache, tokens: np.ndarray,
+                           positions: np.ndarray, cells: np.ndarray, n_kv: int,
+                           masks: dict[int | None, np.ndarray]) -> torch.Tensor:
+        """Embeddings run eagerly: they read whole prompts, bound by arithmetic, not launches."""
+        return transformer.compute_embeddings(transformer, cache, tokens, positions, cells, n_kv, masks)

@@ -1,5 +1,6 @@
 """A decoding task's events, in the order it sends them: ``Begin``, ``Progress`` (prompt reading, when asked),
-``Token`` per sampled token, then ``Final`` or ``Error`` (spec/server.md §5-6).
+``Token`` per sampled token, then ``Final`` or ``Error`` (spec/server.md §5-6); an embedding task sends ``Begin``, then
+``Embeddings`` or ``Error``.
 
 They cross from the thread that runs the model to whoever reads them (the server's handlers format them as
 llama-server's and OpenAI's JSON in ``samplechain.server.responses``); frozen, so a reader cannot change what
@@ -63,6 +64,16 @@ class Final:
 
 
 @dataclass(frozen=True, slots=True)
+class Embeddings:
+    """An embedding task's result: its pooled vector (normalized as asked), or with pooling ``none`` each prompt
+    token's vector (not normalized), as rows of ``vectors`` [1 or n_prompt, n_embd] float32 (not to be written)."""
+
+    vectors: Any
+    n_prompt: int
+    id_slot: int
+
+
+@dataclass(frozen=True, slots=True)
 class Error:
     """The task failed (``code`` an HTTP status, ``error_type`` llama-server's error type). A task cut short (the
     server shutting down) carries the ``final`` it had reached."""
@@ -73,4 +84,4 @@ class Error:
     final: Final | None = None
 
 
-Event = Begin | Progress | Token | Final | Error
+Event = Begin | Progress | Token | Final | Embeddings | Error

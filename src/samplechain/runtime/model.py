@@ -30,11 +30,16 @@ ATTN_CHUNK = 256  # cells per partial sum of attention on CUDA; CUDA caches have
 
 class Engine(Protocol):
     """A forward step other than the eager torch path (the compiled CPU engine, CUDA graphs): the logits of the
-    ``rows`` of a batch that ``Transformer.prepare`` has placed in ``cells`` of the cache."""
+    ``rows`` of a batch that ``Transformer.prepare`` has placed in ``cells`` of the cache, or every token's
+    embedding (the final norm's output)."""
 
     def compute(self, transformer: Transformer, cache: KVCache, tokens: np.ndarray, positions: np.ndarray,
                 cells: np.ndarray, n_kv: int, masks: dict[int | None, np.ndarray], rows: np.ndarray,
                 ) -> torch.Tensor: ...
+
+    def compute_embeddings(self, transformer: Transformer, cache: KVCache, tokens: np.ndarray,
+                           positions: np.ndarray, cells: np.ndarray, n_kv: int,
+                           masks: dict[int | None, np.ndarray]) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -437,21 +442,46 @@ class Transformer:
         engine = self.engine or self
         return engine.compute(self, cache, np.asarray(tokens, dtype=np.int64), positions, cells, n_kv, masks, rows)
 
+    @torch.inference_mode()
+    def embed(self, cache: KVCache, tokens: np.ndarray, positions: np.ndarray, seq_ids: list[tuple[int, ...]],
+              ) -> torch.Tensor:
+        """Every token's embedding [n, n_embd] (float32): the final norm's output, what the LM head reads (llama.cpp's
+        ``t_embd``, which its pooling reads). The batch is placed in the cache as ``forward`` places it."""
+        cells, n_kv, masks = self.prepare(cache, positions, seq_ids)
+        engine = self.engine or self
+        return engine.compute_embeddings(self, cache, np.asarray(tokens, dtype=np.int64), positions, cells, n_kv,
+                                         masks)
+
     def compute(self, transformer: Transformer, cache: KVCache, tokens: np.ndarray, positions: np.ndarray,
                 cells: np.ndarray, n_kv: int, masks: dict[int | None, np.ndarray], rows: np.ndarray) -> torch.Tensor:
         """The torch path of a prepared batch (``transformer`` is self: the ``Engine`` protocol)."""
+        x = self._hidden_of(cache, tokens, positions, cells, n_kv, masks)
+        if rows.size != len(tokens):
+            x = x[torch.from_numpy(rows).to(self.device)]
+        return self.logits(x)
+
+    def compute_embeddings(self, transformer: Transformer, cache: KVCache, tokens: np.ndarray,
+                           positions: np.ndarray, cells: np.ndarray, n_kv: int,
+                           masks: dict[int | None, np.ndarray]) -> torch.Tensor:
+        """The torch path's embeddings of a prepared batch (the ``Engine`` protocol)."""
+        return self.final_norm(self._hidden_of(cache, tokens, positions, cells, n_kv, masks))
+
+    def _hidden_of(self, cache: KVCache, tokens: np.ndarray, positions: np.ndarray, cells: np.ndarray, n_kv: int,
+                   masks: dict[int | None, np.ndarray]) -> torch.Tensor:
+        """``hidden`` of a prepared batch given as host arrays."""
         n, dev = len(tokens), self.device
         contiguous = bool(cells[-1] - cells[0] == n - 1)
         where = slice(int(cells[0]), int(cells[0]) + n) if contiguous else torch.from_numpy(cells).to(dev)
         masks_t = {w: None if m.all() else torch.from_numpy(m).to(dev) for w, m in masks.items()}
-        x = self.hidden(cache, torch.from_numpy(tokens).to(dev), torch.from_numpy(positions).to(dev), where,
-                        masks_t, n_kv)
-        if rows.size != n:
-            x = x[torch.from_numpy(rows).to(dev)]
-        return self.logits(x)
+        return self.hidden(cache, torch.from_numpy(tokens).to(dev), torch.from_numpy(positions).to(dev), where,
+                           masks_t, n_kv)
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The last hidden states through the output norm: the embeddings, the LM head's input."""
+        return rms_norm(x, self.output_norm, self.config.rms_eps)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.softcap(self.output(rms_norm(x, self.output_norm, self.config.rms_eps)))
+        return self.softcap(self.output(self.final_norm(x)))
 
     def softcap(self, logits: torch.Tensor) -> torch.Tensor:
         """Gemma 2's final soft-capping of the logits, in place (nothing for other models)."""

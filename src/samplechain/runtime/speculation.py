@@ -98,6 +98,11 @@ class Speculation:
         for d in self.drafters:
             self.stats.setdefault(d.name, DrafterStats())
 
+    def add(self, drafter: Drafter) -> None:
+        """One more drafter, after the others (a server slot's draft model, which outlives each task's drafters)."""
+        self.drafters.append(drafter)
+        self.stats.setdefault(drafter.name, DrafterStats())
+
     def begin(self, prompt: Sequence[int]) -> None:
         for d in self.drafters:
             d.begin(prompt)

@@ -26,7 +26,7 @@ from starlette.requests import ClientDisconnect
 
 from samplechain.server import request as rq
 from samplechain.server import responses as rs
-from samplechain.server import routes_native, routes_openai, visualizer
+from samplechain.server import routes_embeddings, routes_native, routes_openai, visualizer
 from samplechain.server.request import MAX_BODY, APIError
 from samplechain.server.responses import reply
 from samplechain.server.run import ClientGone
@@ -175,7 +175,8 @@ def create_app(state: ServerState) -> FastAPI:
     async def server_error(_: Request, e: Exception) -> Response:
         return reply(APIError(500, f"{type(e).__name__}: {e}", "server_error").body(), 500)
 
-    for router in (routes_native.router(state), routes_openai.router(state), visualizer.router(state)):
+    for router in (routes_native.router(state), routes_openai.router(state), routes_embeddings.router(state),
+                   visualizer.router(state)):
         app.include_router(router)
     return app
 

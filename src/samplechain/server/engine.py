@@ -10,6 +10,11 @@ batch-invariant forward its logits, do not depend on what the other slots do; ea
 ``--kv-unified``) the slots share one pool of ``n_ctx`` cells, each may use all of it, and a step that finds the pool
 full first empties idle slots, then fails the running tasks ("Context size has been exceeded.").
 
+An embedding task (``Task.embedding``) reads its prompt in a slot too, in forwards of its own (llama-server never
+batches embeddings with completions): the prompt whole in one forward, or in chunks with pooling ``last``; its
+result is one ``Embeddings`` event. With a draft model, each slot has a sequence of one draft context and a
+``DraftModel`` drafting over it, added to each of its tasks' ``Speculation``.
+
 HTTP handlers only submit tasks and read events; everything that touches the model runs on the engine thread.
 """
 
@@ -19,14 +24,15 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from samplechain.params import CommonSampler, SamplingParams
 from samplechain.runtime.decoding import Decoder, Rules
-from samplechain.runtime.events import Begin, Error, Event, Final, Progress, Token
+from samplechain.runtime.embeddings import POOLING, normalize, pool
+from samplechain.runtime.events import Begin, Embeddings, Error, Event, Final, Progress, Token
 from samplechain.runtime.generation import Model
 from samplechain.runtime.kv_cache import KVCacheFull
 from samplechain.runtime.sequence import Sequence as CacheSequence
@@ -54,6 +60,8 @@ class Task:
     sampler: CommonSampler | None = None  # built (grammar compiled) off the engine thread; else built at launch
     id: int = 0
     cancelled: threading.Event = field(default_factory=threading.Event)
+    embedding: bool = False  # an embedding task: its prompt's vector(s), pooled as the engine pools (no sampling)
+    embd_normalize: int = 2  # how its pooled vector is normalized (common_embd_normalize: 2 = euclidean)
 
 
 class Slot:
@@ -65,6 +73,7 @@ class Slot:
         self.t_used = 0.0
         self.n_served = 0
         self.last_task: dict[str, Any] | None = None  # /slots: what the slot ran last
+        self.drafter: Any = None  # with a draft model: its DraftModel over this slot's draft sequence
 
     @property
     def task(self) -> Task | None:
@@ -85,6 +94,12 @@ class Slot:
         """Its prompt is still being decoded (nothing sampled yet)."""
         return self.decoder is not None and self.decoder.last is None
 
+    @property
+    def embedding(self) -> bool:
+        """It runs an embedding task (no decoder)."""
+        running = self.running
+        return running is not None and running[1] is None
+
     def info(self) -> tuple[bool, dict[str, Any] | None]:
         """For ``/slots``: whether a task runs, and what it does; idle, the last task's id and parameters with the
         counters reset, as llama-server's released slot shows them (its cells' tokens, nothing decoded, no budget).
@@ -97,6 +112,11 @@ class Slot:
             return False, {**last, "n_prompt_tokens": len(self.seq.tokens), "n_prompt_tokens_processed": 0,
                            "n_prompt_tokens_cache": 0, "n_decoded": 0, "n_remain": -1, "has_new_line": False}
         task, d = running
+        if d is None:  # an embedding task
+            return True, {"id_task": task.id, "n_prompt_tokens": len(task.tokens),
+                          "n_prompt_tokens_processed": len(task.tokens), "n_prompt_tokens_cache": 0,
+                          "params": task.params, "n_decoded": 0, "n_predict": task.n_predict, "n_remain": -1,
+                          "has_new_line": False}
         return True, {"id_task": task.id, "n_prompt_tokens": len(task.tokens),
                       "n_prompt_tokens_processed": d.timings.n_prompt, "n_prompt_tokens_cache": d.timings.n_reused,
                       "params": task.params, "n_decoded": len(d.generated), "n_predict": task.n_predict,
@@ -109,7 +129,11 @@ class Engine:
 
     def __init__(self, model: Model, n_slots: int = 4, n_ctx: int = 0, n_batch: int = 512,
                  context_shift: bool = False, special: bool = False,
-                 speculation: Callable[[], Any] | None = None, kv_unified: bool = False) -> None:
+                 speculation: Callable[[], Any] | None = None, kv_unified: bool = False, pooling: str = "none",
+                 draft: Model | None = None, draft_params: Mapping[str, Any] | None = None) -> None:
+        """``speculation``: a fresh ``Speculation`` per task (its n-gram drafters and policy); ``pooling``: how
+        embedding tasks pool (runtime/embeddings.py); ``draft``: a draft model, drafting in every slot after the
+        n-gram drafters (``DraftModel``'s ``draft_params``: n_max, n_min, p_min, sample, seed)."""
         if n_slots < 1:
             raise ValueError(f"the number of slots must be positive, got {n_slots}")
         n_ctx = n_ctx or model.config.n_ctx_train
@@ -124,6 +148,25 @@ class Engine:
         self.ctx = model.new_context(n_ctx if kv_unified else self.n_ctx_slot * n_slots, n_seq_max=n_slots,
                                      n_batch=n_batch, kv_unified=kv_unified)
         self.slots = [Slot(i, CacheSequence(self.ctx, i, self.n_ctx_slot)) for i in range(n_slots)]
+        if pooling not in POOLING:
+            raise ValueError(f"unknown pooling type {pooling!r} (one of {', '.join(POOLING)})")
+        self.pooling = pooling
+        self.n_scores = 1  # pooling "rank": the scores per prompt (llama.cpp's n_cls_out)
+        if pooling == "rank":
+            from samplechain.runtime.embeddings import n_cls_out
+
+            self.n_scores = n_cls_out(model.gguf)
+        self.draft_ctx = None
+        if draft is not None:
+            from samplechain.speculative.draft_model import DraftModel
+
+            # one stream of n_ctx_slot cells per slot (with a unified target cache too): a slot's draft never waits
+            # for another's, and never finds its cache full
+            self.draft_ctx = draft.new_context(self.n_ctx_slot * n_slots, n_seq_max=n_slots, n_batch=n_batch,
+                                               kv_unified=False)
+            for s in self.slots:
+                s.drafter = DraftModel(draft, self.vocab, seq=CacheSequence(self.draft_ctx, s.id, self.n_ctx_slot),
+                                       **(draft_params or {}))
         self._inbox: queue.Queue[Task | Callable[[], None] | None] = queue.Queue()
         self._deferred: deque[Task] = deque()
         self._slot_calls: deque[tuple[Slot, Callable[[Slot], Any], Future]] = deque()  # waiting for their slot
@@ -289,10 +332,17 @@ class Engine:
 
     def _launch(self, slot: Slot, task: Task) -> None:
         """The task takes the slot: its sampler (the prompt accepted), the cached prefix it reuses, its rules."""
+        if task.embedding:  # stateless, as llama-server's: nothing of the slot's cache is reused
+            slot.seq.truncate(0)
+            slot.running = (task, None)
+            task.emit(Begin(slot.id))
+            return
         try:
-            # n-gram drafting, verified by sample-and-compare: the same tokens as without (not with n_probs, whose
-            # entries need each position's own sampling step)
+            # drafting (n-gram drafters, the slot's draft model), verified by sample-and-compare: the same tokens
+            # as without (not with n_probs, whose entries need each position's own sampling step)
             spec = self.speculation() if self.speculation is not None and task.params.n_probs == 0 else None
+            if spec is not None and slot.drafter is not None:
+                spec.add(slot.drafter)
             sampler = task.sampler or CommonSampler(task.params, self.vocab, n_vocab=self.model.config.n_vocab)
             task.sampler = None  # the slot owns it now
             for tok in task.tokens:
@@ -331,7 +381,9 @@ class Engine:
 
     def _step(self) -> None:
         """One forward: each generating slot's ``Decoder.feed``, then prompt chunks up to ``n_batch`` tokens; then
-        each output block back to its slot's decoder."""
+        each output block back to its slot's decoder. Embedding tasks first, in a forward of their own."""
+        if any(s.embedding for s in self.slots):
+            self._embed_step()
         tokens: list[int] = []
         positions: list[int] = []
         seqs: list[int] = []
@@ -339,7 +391,7 @@ class Engine:
         blocks: list[tuple[Slot, int]] = []  # per output block: the slot and its number of rows
         stepping: list[tuple[Slot, list[int]]] = []
         for s in self.slots:
-            if not s.busy or s.reading:
+            if not s.busy or s.reading or s.embedding:
                 continue
             batch = s.decoder.feed()  # the last sampled token (not in the cache yet) and its draft
             if batch is None:  # no room left
@@ -417,6 +469,52 @@ class Engine:
                 return
             s.seq.clear()
 
+    def _embed_step(self) -> None:
+        """One forward of the embedding tasks' prompts, oldest first, up to ``n_batch`` tokens: each prompt whole
+        (its pooling reads every token: the route has checked it fits), or with pooling ``last`` as much of it as
+        fits. A prompt read to its end sends its pooled vector (``send_embedding``) and frees its slot."""
+        tokens: list[int] = []
+        positions: list[int] = []
+        seqs: list[int] = []
+        parts: list[tuple[Slot, list[int], bool]] = []
+        budget = self.n_batch
+        for s in sorted((s for s in self.slots if s.embedding), key=lambda s: s.task.id):
+            todo = s.task.tokens[s.seq.n_past:]
+            if budget <= 0 or (len(todo) > budget and self.pooling != "last"):
+                continue
+            chunk = todo[:budget]
+            budget -= len(chunk)
+            tokens += chunk
+            positions += s.seq.positions(len(chunk))
+            seqs += [s.id] * len(chunk)
+            parts.append((s, chunk, len(chunk) == len(todo)))
+        if not tokens:
+            return
+        if self.step_hook is not None:
+            self.step_hook()
+        if self.kv_unified:
+            self._make_room(len(tokens))
+        try:
+            hidden = self.ctx.embed(tokens, positions=positions, seq_ids=seqs).float().cpu().numpy()
+        except KVCacheFull:  # only with a unified cache: the slots together outgrew the pool
+            for s, _, _ in parts:
+                self._fail(s, "Context size has been exceeded.")
+                s.seq.clear()
+            return
+        self.metrics.add_decode(len(tokens), sum(1 for s in self.slots if s.busy))
+        i = 0
+        for s, chunk, done in parts:
+            s.seq.appended(chunk)
+            rows, i = hidden[i:i + len(chunk)], i + len(chunk)
+            if not done:
+                continue
+            task = s.task
+            vectors = pool(rows, self.pooling, self.n_scores)
+            if self.pooling != "none":  # llama-server normalizes pooled vectors only
+                vectors = normalize(vectors[0], task.embd_normalize)[None, :]
+            self._release(s)
+            task.emit(Embeddings(vectors, len(task.tokens), s.id))
+
     def _emit(self, s: Slot, events: list[Token | Final]) -> None:
         d, task = s.decoder, s.task
         if d.round is not None:
@@ -460,6 +558,10 @@ class Engine:
         if running is None:
             return
         task, d = running
+        if d is None:  # an embedding task has no partial result
+            self._release(s)
+            task.emit(SHUTTING_DOWN)
+            return
         final = d.finish("limit")  # the final it has, else one made here
         self.metrics.add_predicted(len(d.generated), d.timings.t_last - d.timings.t_first)
         self._release(s)  # first: a client that has its answer sees the slot idle

@@ -31,12 +31,14 @@ def check_length(model: Model, n_chars: int, n_ctx: int | None) -> None:
                        "try increasing it", "exceed_context_size_error", n_ctx=n_ctx)
 
 
-def tokenize_mixed(model: Model, prompt: Any, add_special: bool = True, n_ctx: int | None = None) -> list[int]:
-    """One prompt: a string, or an array of token ids and strings (each string tokenized, specials parsed).
-    With ``n_ctx``, a prompt whose text cannot fit is refused before it is tokenized."""
+def tokenize_mixed(model: Model, prompt: Any, add_special: bool = True, n_ctx: int | None = None,
+                   parse_special: bool = True) -> list[int]:
+    """One prompt: a string, or an array of token ids and strings (each string tokenized, specials parsed unless
+    ``parse_special`` is off). With ``n_ctx``, a prompt whose text cannot fit is refused before it is tokenized."""
     if isinstance(prompt, str):
         check_length(model, len(prompt), n_ctx)
-        return model.tokenize(prompt, add_special=add_special and not starts_with_bos(model.vocab, prompt))
+        return model.tokenize(prompt, add_special=add_special and not starts_with_bos(model.vocab, prompt),
+                              parse_special=parse_special)
     if isinstance(prompt, list):
         check_length(model, sum(len(p) for p in prompt if isinstance(p, str)), n_ctx)
         out: list[int] = []
@@ -48,7 +50,7 @@ def tokenize_mixed(model: Model, prompt: Any, add_special: bool = True, n_ctx: i
                     raise bad_request(f"prompt token id {part} is out of range [0, {model.config.n_vocab})")
                 out.append(part)
             elif isinstance(part, str):
-                out += model.tokenize(part, add_special=add_special and i == 0)
+                out += model.tokenize(part, add_special=add_special and i == 0, parse_special=parse_special)
             else:
                 raise bad_request("a prompt array holds token ids and strings")
         return out

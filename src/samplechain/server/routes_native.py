@@ -18,6 +18,7 @@ from samplechain.runtime.events import Error, Final, Progress, Token
 from samplechain.runtime.state import StateError, load_seq_state, save_seq_state
 from samplechain.server import request as rq
 from samplechain.server import responses as rs
+from samplechain.server.infill import fim_tokens, infill_body
 from samplechain.server.jobs import prepare_completion
 from samplechain.server.request import APIError, Options, bad_request
 from samplechain.server.responses import error_event, reply, sse
@@ -239,7 +240,16 @@ def router(state: ServerState) -> APIRouter:
     @routes.post("/completion")
     @routes.post("/completions")
     async def completion(req: Request) -> Response:
-        params, opts, todo = await asyncio.to_thread(prepare_completion, state, await rq.read_json(req))
+        return await complete(req, await rq.read_json(req))
+
+    @routes.post("/infill")
+    async def infill(req: Request) -> Response:
+        fim = fim_tokens(state.model)  # a model without FIM tokens: 501, whatever the body
+        return await complete(req, await asyncio.to_thread(infill_body, state, fim, await rq.read_json(req)))
+
+    async def complete(req: Request, body: dict[str, Any]) -> Response:
+        """A native completion's answer (``/completion``; ``/infill`` with its prompt built)."""
+        params, opts, todo = await asyncio.to_thread(prepare_completion, state, body)
         run = Run(state.running_engine, req.is_disconnected)
         for k, job in enumerate(todo):
             run.submit(job, opts, k)

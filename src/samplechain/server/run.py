@@ -7,10 +7,11 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
+from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from samplechain.runtime.events import Begin, Error, Event, Final
+from samplechain.runtime.events import Begin, Embeddings, Error, Event, Final
 from samplechain.server.engine import Engine, Task
 from samplechain.server.jobs import Job
 from samplechain.server.request import Options
@@ -44,13 +45,19 @@ class Run:
         self._next_poll = self.loop.time() + DISCONNECT_POLL  # when to check the client's connection next
 
     def submit(self, job: Job, opts: Options, index: int) -> None:
+        self.add(Task(tokens=job.tokens, params=job.params, emit=self.emitter(index), n_predict=opts.n_predict,
+                      n_keep=opts.n_keep, n_discard=opts.n_discard, stop=opts.stop, cache_prompt=opts.cache_prompt,
+                      id_slot=opts.id_slot, n_indent=opts.n_indent, t_max_predict_ms=opts.t_max_predict_ms,
+                      return_progress=opts.return_progress and opts.stream, sampler=job.sampler))
+
+    def emitter(self, index: int) -> Callable[[Event], None]:
+        """The ``emit`` of this request's task ``index``: its events into the queue, from the engine thread."""
         def emit(ev: Event) -> None:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, ev))
+        return emit
 
-        task = Task(tokens=job.tokens, params=job.params, emit=emit, n_predict=opts.n_predict, n_keep=opts.n_keep,
-                    n_discard=opts.n_discard, stop=opts.stop, cache_prompt=opts.cache_prompt, id_slot=opts.id_slot,
-                    n_indent=opts.n_indent, t_max_predict_ms=opts.t_max_predict_ms,
-                    return_progress=opts.return_progress and opts.stream, sampler=job.sampler)
+    def add(self, task: Task) -> None:
+        """Submit a task made with ``emitter`` (an embedding task; ``submit`` makes completion tasks)."""
         self.tasks.append(task)
         self.engine.submit(task)
 
@@ -110,13 +117,13 @@ class Run:
                 open_tasks -= 1
             yield index, ev
 
-    async def finals(self) -> list[Final]:
-        """Wait for every final result (non-streaming); the client leaving cancels the tasks (``ClientGone``),
-        and so does an error (raised as the error it answers)."""
-        finals = await self._gather(Final, keep=False)
+    async def finals(self, kind: type[Final | Embeddings] = Final) -> list[Any]:
+        """Wait for every final result (non-streaming: ``Final``, or ``Embeddings`` for embedding tasks); the
+        client leaving cancels the tasks (``ClientGone``), and so does an error (raised as the error it answers)."""
+        finals = await self._gather(kind, keep=False)
         return [finals[i] for i in sorted(finals)]
 
-    async def _gather(self, kind: type[Begin | Final], keep: bool) -> dict[int, Event]:
+    async def _gather(self, kind: type[Begin | Final | Embeddings], keep: bool) -> dict[int, Event]:
         """Read until every task has sent a ``kind`` event; an error raises (and cancels the tasks); other events
         go to the backlog when ``keep``."""
         got: dict[int, Event] = {}

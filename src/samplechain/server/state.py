@@ -51,6 +51,10 @@ class ServerConfig:
     special: bool = False
     defaults: Defaults = field(default_factory=Defaults)
     speculation: Callable[[], Any] | None = None  # a fresh Speculation per task (n-gram drafters), or None
+    embedding: bool = False  # the embeddings routes answer (llama-server's --embedding)
+    pooling: str | None = None  # how embeddings pool (--pooling); None: the model's own type, else none
+    model_draft: str | None = None  # a draft model drafting in every slot (-md with --spec-type draft-simple)
+    draft_params: dict[str, Any] = field(default_factory=dict)  # the DraftModel's n_max, n_min, p_min, sample, seed
 
 
 class ServerState:
@@ -79,10 +83,19 @@ class ServerState:
 
                     loaded = load_model(self.config.model, device=self.config.device,
                                         n_threads=self.config.n_threads, kernel=self.config.kernel)
-                self.model = served_model(loaded, self.config)
-                self.engine = Engine(self.model, self.config.n_slots, self.config.n_ctx, self.config.n_batch,
-                                     self.config.context_shift, self.config.special, self.config.speculation,
-                                     kv_unified=self.config.kv_unified)
+                c = self.config
+                draft = None
+                if c.model_draft is not None:
+                    from samplechain.runtime import load_model
+
+                    draft = load_model(c.model_draft, device=c.device, n_threads=c.n_threads, kernel=c.kernel)
+                from samplechain.runtime.embeddings import model_pooling
+
+                self.model = served_model(loaded, c)
+                self.engine = Engine(self.model, c.n_slots, c.n_ctx, c.n_batch, c.context_shift, c.special,
+                                     c.speculation, kv_unified=c.kv_unified,
+                                     pooling=c.pooling or model_pooling(loaded.gguf), draft=draft,
+                                     draft_params=c.draft_params)
             except Exception as e:
                 self.error = f"{type(e).__name__}: {e}"
                 self.failed.set()

@@ -46,7 +46,10 @@ class DraftModel:
     name = "draft-simple"
 
     def __init__(self, draft: Model, target_vocab: Vocab | None = None, *, n_max: int = 16, n_min: int = 0,
-                 p_min: float = 0.0, n_ctx: int = 4096, sample: bool = False, seed: int = 0) -> None:
+                 p_min: float = 0.0, n_ctx: int = 4096, sample: bool = False, seed: int = 0,
+                 seq: CacheSequence | None = None) -> None:
+        """``seq``: a sequence of a draft context to draft in (a server slot's); None: a context of ``n_ctx``
+        cells of its own."""
         if n_max < 1 or n_min < 0 or n_min > n_max:
             raise ValueError(f"draft lengths: need 1 <= n_max and 0 <= n_min <= n_max, got {n_max}, {n_min}")
         if not 0.0 <= p_min <= 1.0:
@@ -54,14 +57,18 @@ class DraftModel:
         if target_vocab is not None:
             check_compatible(target_vocab, draft.vocab)
         self.model, self.n_max, self.n_min, self.p_min = draft, n_max, n_min, p_min
-        self.ctx: Context = draft.new_context(n_ctx)
-        self.seq = CacheSequence(self.ctx)  # what the draft cache holds
-        self.sample = sample
+        if seq is None:
+            seq = CacheSequence(draft.new_context(n_ctx))
+        self.seq = seq  # what the draft cache holds
+        self.ctx: Context = seq.ctx
+        self.sample, self.seed = sample, seed
         self.rng = np.random.default_rng(seed)
         self.distributions: list[tuple[np.ndarray, np.ndarray]] = []  # per drafted token: (ids, probs)
 
     def begin(self, prompt: Sequence[int]) -> None:
-        self.seq.clear()
+        """A new generation: the cache keeps what it shares with ``prompt``, and the draws start from the seed
+        again (a server slot's drafter serves one task after another)."""
+        self.rng = np.random.default_rng(self.seed)
         self._sync(list(prompt))
 
     def _sync(self, history: list[int]) -> None:
@@ -71,7 +78,7 @@ class DraftModel:
 
     def draft(self, history: Sequence[int], id_last: int) -> list[int]:
         self.distributions = []
-        if len(history) + self.n_max + 2 > self.ctx.n_ctx:
+        if len(history) + self.n_max + 2 > self.seq.n_ctx:
             return []
         self._sync(list(history))
         out: list[int] = []
