@@ -103,4 +103,6 @@ def powf(base: float, exponent: float) -> np.float32:
 
 
 def f32(x: float) -> np.float32:
-    return F32(x)
+    """C's conversion of a double to float: out of range is +-inf, silently (numpy would warn of the overflow)."""
+    with np.errstate(over="ignore"):
+        return F32(x)

@@ -276,7 +276,8 @@ def _cut(sampler: Sampler, before: _Snapshot, snap: _Snapshot, rows: list[Row], 
     if isinstance(sampler, TopP):
         # top-p's own arithmetic: the softmax summed in the input's order, then running sums in descending order
         p_in = softmax_values(xb, xb[0] if before.sorted else xb[top])
-        run = running_sum_f32(p_in[_ranked(xb, 0, max(r.rank for r in rows) + 1)])
+        # over the rows shown and every kept one (with an infinite logit, NaN probabilities keep more than the rows)
+        run = running_sum_f32(p_in[_ranked(xb, 0, max(max(r.rank for r in rows) + 1, n_after))])
         for r in rows:
             r.cum = float(run[r.rank])
         return {"kind": "top-p", "p": float(sampler.p), "min_keep": sampler.min_keep, "kept": n_after,
@@ -353,8 +354,9 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     m = x.max()
     if m == _NEG_INF:
         return np.zeros(len(x), dtype=np.float32)
-    e = np.exp(x.astype(np.float64) - float(m))
-    return (e / e.sum()).astype(np.float32)
+    with np.errstate(invalid="ignore"):  # an infinite logit: NaN probabilities, shown as such
+        e = np.exp(x.astype(np.float64) - float(m))
+        return (e / e.sum()).astype(np.float32)
 
 
 def _piece(vocab: Vocab | None, token: int) -> str | None:

@@ -51,8 +51,9 @@ def softmax_values(x: np.ndarray, m: np.float32) -> np.ndarray:
     """The softmax helper's arithmetic on logits ``x`` with maximum ``m``: ``expf(x - m)`` over its binary32
     left-to-right sum."""
     # exact expf everywhere: these probabilities feed running sums compared against thresholds
-    e = expf(np.subtract(x, m))
-    return np.true_divide(e, seq_sum_f32(e))
+    with np.errstate(invalid="ignore"):  # an infinite logit gives NaN, as llama.cpp's expf(inf - inf)
+        e = expf(np.subtract(x, m))
+        return np.true_divide(e, seq_sum_f32(e))
 
 
 def indices_at_least(c: Candidates, thr: np.float32) -> np.ndarray:

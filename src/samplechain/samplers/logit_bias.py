@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from samplechain._numeric import F32
+from samplechain._numeric import F32, f32
 from samplechain.candidates import Candidates
 from samplechain.samplers._ops import check_int, check_number
 from samplechain.samplers.base import DeviceShape, Sampler
@@ -30,7 +30,7 @@ def normalize_biases(
         bias = check_number(f"logit bias of token {token}", bias, finite=False)
         if bias == np.inf:
             raise ValueError(f"logit bias of token {token} must not be +inf (use a finite value)")
-        out[token] = float(F32(out.get(token, 0.0) + bias))
+        out[token] = float(f32(out.get(token, 0.0) + bias))
     return out
 
 

@@ -6,7 +6,7 @@ from collections import Counter, deque
 
 import numpy as np
 
-from samplechain._numeric import F32
+from samplechain._numeric import F32, f32
 from samplechain.candidates import Candidates
 from samplechain.samplers._ops import check_int, check_number
 from samplechain.samplers.base import DeviceShape, Sampler
@@ -75,8 +75,8 @@ class Penalties(Sampler):
         if not repeat > 0.0 or not np.isfinite(1.0 / repeat):
             raise ValueError(f"penalty_repeat must be > 0 with a finite reciprocal, got {repeat}")
         self.repeat = F32(repeat)
-        self.freq = F32(check_number("penalty_freq", freq))
-        self.present = F32(check_number("penalty_present", present))
+        self.freq = f32(check_number("penalty_freq", freq))
+        self.present = f32(check_number("penalty_present", present))
         self.disabled = self.last_n == 0 or (self.repeat == 1.0 and self.freq == 0.0 and self.present == 0.0)
         self._ring: deque[int] = deque(maxlen=max(self.last_n, 1))
         self._counts: Counter[int] = Counter()
