@@ -7,11 +7,12 @@ Candidates on the CPU: the compiled engine's kernel variants (``c-avx512vnni``, 
 bits, batch-invariant) and torch's paths (``torch-int4-f32``, ``torch-int4-bf16``: torch's int4 kernel with float32 or
 bfloat16 activations; ``torch-dense``: the dequantized reference). At first use for a machine and a model's matrices
 (their shapes and weight kinds: models that share them share the choice) the compiled engine's variants this CPU can
-run are checked to give the same bits and timed in two rounds on the model's real shapes: a quick one (two decode steps
-each) drops every candidate that cannot come within ``PRUNE`` of the best, the rest take turns at a decode step and a
-``BATCH``-token forward until one is left or ``ROUNDS`` are done, and the fastest is kept. torch's paths are measured,
-against the dequantized reference, only when no compiled engine can be built. One line on stderr says that this runs
-and what it chose. The choice is cached in ``<cache dir>/kernels.json``; ``SAMPLECHAIN_KERNEL=name`` overrides it.
+run are checked to give the same bits and timed in two rounds on the model's real shapes: a quick one (a few decode
+steps each) drops every candidate that cannot come within ``PRUNE`` of the best, the rest take turns at a decode step
+and a ``BATCH``-token forward until one is left or ``ROUNDS`` are done, and the fastest is kept. torch's paths are
+measured, against the dequantized reference, only when no compiled engine can be built. One line on stderr says that
+this runs and what it chose. The choice is cached in ``<cache dir>/kernels.json``; ``SAMPLECHAIN_KERNEL=name``
+overrides it.
 
 ``c-avx2-q8`` quantizes activations to 8 bits as llama.cpp does (``vpmaddubsw``: about twice the multiply-adds per
 instruction of the 16-bit kernels on AVX2, so multi-token forwards are cheaper), batch-invariant like the others but
@@ -102,8 +103,8 @@ class Trial:
 def shape_key(t: Transformer) -> str:
     """What the kernels' speed depends on: the layer count and each matrix's shape and weight kinds (the variants
     differ only in the matrix products), so models that share their matrices share a choice whatever their names."""
-    roles = {"qkv": [L.qkv for L in t.layers], "wo": [L.wo for L in t.layers], "gate_up": [L.gate_up for L in t.layers],
-             "down": [L.down for L in t.layers], "output": [t.output]}
+    roles = {role: [getattr(layer, role) for layer in t.layers] for role in ("qkv", "wo", "gate_up", "down")}
+    roles["output"] = [t.output]
     mats = [f"{role} {lins[0].shape[0]}x{lins[0].shape[1]} {'/'.join(sorted({lin.form for lin in lins}))}"
             for role, lins in roles.items()]
     return f"L{t.config.n_layer} " + ", ".join(mats)
