@@ -60,6 +60,21 @@ MODEL_TEXT: list[tuple[str, str, str]] = [
      "the prompt overflows a 256-token slot with the stories tokenizer only (SmolLM2's count fits)"),
 ]
 
+# Features samplechain does not provide: (pattern, message regex, the feature). A failure listed here is a test that
+# cannot pass without that feature.
+NOT_PROVIDED: list[tuple[str, str, str]] = [
+    ("test_stream::*", r".", "router mode (several models behind one server, `/models` load status) and its "
+                              "resumable streams (`/v1/stream`, `X-Conversation-Id`)"),
+    ("test_security::test_local_media_file[[]*-True[]]", r"assert 400 == 200",
+     "multimodal input (tinygemma3's vision projector, `--media-path`)"),
+    ("test_security::test_cors_proxy_only_forwards_explicit_proxy_headers", r"assert 404 == 200",
+     "the web UI's MCP proxy (`--ui-mcp-proxy`, `/cors-proxy`)"),
+]
+
+# module -> package, for the suite's imports (requirements.txt) and the per-test timeout
+NEEDS = (("openai", "openai"), ("requests", "requests"), ("prometheus_client", "prometheus-client"),
+         ("wget", "wget"), ("filelock", "filelock"), ("pytest_timeout", "pytest-timeout"))
+
 PLUGIN = '''"""samplechain's harness: the preset warm-up only downloads models, and nothing downloads here."""
 import utils
 
@@ -69,12 +84,13 @@ utils.ServerPreset.load_all = staticmethod(lambda: None)
 
 @dataclass
 class Outcome:
-    """One file's results."""
+    """One file's results; explained failures keep their (test id, reason), unexplained ones (test id, first line)."""
 
     passed: int = 0
-    model_text: int = 0
     skipped: int = 0
-    unexplained: list[tuple[str, str]] = field(default_factory=list)  # (test id, first line)
+    model_text: list[tuple[str, str]] = field(default_factory=list)
+    not_provided: list[tuple[str, str]] = field(default_factory=list)
+    unexplained: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _free_port() -> int:
@@ -119,11 +135,11 @@ def run_suite(tests: Path, files: list[str], junit: Path, timeout: int, slow: bo
     return subprocess.run(cmd, cwd=tests, env=env).returncode
 
 
-def model_text_reason(test_id: str, message: str) -> str | None:
-    """Why this failure of ``test_id`` is the stand-in model's text, or None."""
-    for pattern, shows, reason in MODEL_TEXT:
+def reason(table: list[tuple[str, str, str]], test_id: str, message: str) -> str | None:
+    """The reason ``table`` gives for this failure of ``test_id`` (pattern and message both match), or None."""
+    for pattern, shows, why in table:
         if fnmatch.fnmatchcase(test_id, pattern) and re.search(shows, message, re.M):
-            return reason
+            return why
     return None
 
 
@@ -139,10 +155,10 @@ def _first_line(case: ET.Element, bad: ET.Element) -> str:
     return line[:300]
 
 
-def parse(junit: Path) -> dict[str, Outcome]:
-    """Per file: passed / failed for the model's text / unexplained / skipped."""
+def parse(*junits: Path) -> dict[str, Outcome]:
+    """Per file: passed / failed for the model's text / for a feature not provided / unexplained / skipped."""
     outcomes: dict[str, Outcome] = {}
-    for case in ET.parse(junit).getroot().iter("testcase"):
+    for case in (c for junit in junits for c in ET.parse(junit).getroot().iter("testcase")):
         module = case.get("classname", "").split(".")[-1]
         test_id = f"{module}::{case.get('name')}"
         o = outcomes.setdefault(module, Outcome())
@@ -150,28 +166,51 @@ def parse(junit: Path) -> dict[str, Outcome]:
         if bad is None:
             bad = case.find("error")
         if bad is not None:
-            if model_text_reason(test_id, (bad.get("message") or bad.text or "").strip()):
-                o.model_text += 1
+            message = (bad.get("message") or bad.text or "").strip()
+            if why := reason(MODEL_TEXT, test_id, message):
+                o.model_text.append((test_id, why))
+            elif why := reason(NOT_PROVIDED, test_id, message):
+                o.not_provided.append((test_id, why))
             else:
                 o.unexplained.append((test_id, _first_line(case, bad)))
         elif case.find("skipped") is not None:
             o.skipped += 1
         else:
             o.passed += 1
-    return outcomes
+    order = {name: i for i, name in enumerate(FILES)}
+    return dict(sorted(outcomes.items(), key=lambda item: (order.get(item[0], len(order)), item[0])))
 
 
 def table(outcomes: dict[str, Outcome], markdown: bool) -> str:
     """The per-file table (plain text, or markdown for the README)."""
-    head = ("file", "passed", "failed (model text)", "failed (unexplained)", "skipped")
-    rows = [(f, str(o.passed), str(o.model_text), str(len(o.unexplained)), str(o.skipped)) for f, o in outcomes.items()]
-    total = [sum(int(r[i]) for r in rows) for i in range(1, 5)]
-    rows.append(("total", *map(str, total)))
+    head = ("file", "passed", "failed (model text)", "failed (not provided)", "failed (unexplained)", "skipped")
+    rows = [(f, str(o.passed), str(len(o.model_text)), str(len(o.not_provided)), str(len(o.unexplained)),
+             str(o.skipped)) for f, o in outcomes.items()]
+    rows.append(("total", *(str(sum(int(r[i]) for r in rows)) for i in range(1, len(head)))))
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in [head, *rows])
+
+
+def explained(outcomes: dict[str, Outcome], markdown: bool) -> str:
+    """The failures that cannot pass here, each reason once with its tests."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for o in outcomes.values():
+        for kind, items in (("model text", o.model_text), ("not provided", o.not_provided)):
+            for test_id, why in items:
+                groups.setdefault((kind, why), []).append(test_id)
+    bullet = "- " if markdown else "  "
+    return "\n".join(f"{bullet}{kind}: {why}: {', '.join(f'`{t}`' if markdown else t for t in tests)}"
+                     for (kind, why), tests in groups.items())
+
+
+def missing_packages() -> list[str]:
+    """The suite's own imports (its requirements.txt) and pytest-timeout, where this environment lacks them."""
+    import importlib.util
+
+    return [pkg for module, pkg in NEEDS if importlib.util.find_spec(module) is None]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,29 +219,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=int, default=240, help="seconds per test (pytest-timeout)")
     ap.add_argument("--slow", action="store_true", help="include the tests marked slow (they need real models)")
     ap.add_argument("--junit", type=Path, default=None, help="keep the junit report here")
-    ap.add_argument("--from-junit", type=Path, default=None, help="classify an earlier report, run nothing")
+    ap.add_argument("--from-junit", type=Path, nargs="+", default=None,
+                    help="classify earlier reports, run nothing")
     ap.add_argument("--markdown", type=Path, default=None, help="write the table as markdown to this file")
     ap.add_argument("--drop-unknown", action="store_true",
                     help="diagnostic: the shim drops flags serve does not know (never for the results table)")
     args = ap.parse_args(argv)
     files = [f.removesuffix(".py").removeprefix("unit/") for f in args.files]
     if args.from_junit:
-        junit = args.from_junit
+        outcomes = parse(*args.from_junit)
+    elif missing := missing_packages():
+        print(f"the suite needs: pip install {' '.join(missing)}", file=sys.stderr)
+        return 2
     else:
         with tempfile.TemporaryDirectory(prefix="llama-server-suite-") as tmp:
             tests = prepare(Path(tmp))
             junit = args.junit or Path(tmp) / "junit.xml"
             run_suite(tests, files, junit.resolve(), args.timeout, args.slow, args.drop_unknown)
             outcomes = parse(junit)
-    outcomes = parse(junit) if args.from_junit else outcomes
     print(table(outcomes, markdown=False))
+    if any(o.model_text or o.not_provided for o in outcomes.values()):
+        print("\nexplained failures:\n" + explained(outcomes, markdown=False))
     unexplained = [u for o in outcomes.values() for u in o.unexplained]
     if unexplained:
         print(f"\nunexplained failures ({len(unexplained)}):")
         for test_id, line in unexplained:
             print(f"  {test_id}: {line}")
     if args.markdown:
-        args.markdown.write_text(table(outcomes, markdown=True) + "\n")
+        args.markdown.write_text(table(outcomes, markdown=True) + "\n\n" + explained(outcomes, markdown=True) + "\n")
     return 1 if unexplained else 0
 
 
