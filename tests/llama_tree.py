@@ -1,5 +1,6 @@
 """llama.cpp's own source tree, as shipped in llama-cpp-python's source distribution: its vocab-only GGUFs with
-test cases (``models/ggml-vocab-*.gguf`` + ``.inp``/``.out``) and its real chat templates (``models/templates``).
+test cases (``models/ggml-vocab-*.gguf`` + ``.inp``/``.out``), its real chat templates (``models/templates``) and
+llama-server's own test suite (``tools/server/tests``).
 
 ``llama_cpp_tree()`` returns ``vendor/llama.cpp``: from ``$SAMPLECHAIN_LLAMA_CPP_TREE``, else from the cache
 (``<cache dir>/llama-cpp-python-<version>``), else downloaded once from the package registry with ``pip download``
@@ -18,7 +19,10 @@ import tempfile
 from pathlib import Path
 
 VERSION = "0.3.36"  # the llama-cpp-python release our oracle (the bench extra) pins
-KEEP = ("vendor/llama.cpp/models/",)  # the parts of the archive the tests read
+# the parts of the archive the tests read: vocab GGUFs and templates; llama-server's test suite and the image it reads
+# (benchmarks/llama_server_suite.py)
+KEEP = ("vendor/llama.cpp/models/", "vendor/llama.cpp/tools/server/tests/", "vendor/llama.cpp/tools/mtmd/test-1.jpeg")
+MARK = "\n".join((VERSION, *KEEP))  # a cache unpacked with other parts is unpacked again
 
 
 def _cache_root() -> Path:
@@ -33,7 +37,8 @@ def llama_cpp_tree() -> Path:
         return Path(explicit)
     root = _cache_root()
     tree = root / "vendor" / "llama.cpp"
-    if (root / ".complete").exists():
+    done = root / ".complete"
+    if done.exists() and done.read_text() == MARK:
         return tree
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
@@ -53,7 +58,7 @@ def llama_cpp_tree() -> Path:
             shutil.rmtree(root)
         root.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(staging), str(root))
-    (root / ".complete").write_text(VERSION)
+    done.write_text(MARK)
     return tree
 
 
