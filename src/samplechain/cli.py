@@ -11,7 +11,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import NoReturn
 
-from samplechain.param_specs import cli_budget, cli_seed, declarations, flag_help
+from samplechain.param_specs import cli_budget, cli_seed, declarations, flag_help, read_text_file
 from samplechain.param_specs import cli_non_negative_int as _non_negative_int
 from samplechain.param_specs import cli_non_negative_number as _non_negative_float
 from samplechain.param_specs import cli_number as _number
@@ -348,7 +348,6 @@ def trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
     import os
 
-    from samplechain.param_specs import read_text_file
 
     keys = [k for k in (args.api_key or os.environ.get("LLAMA_API_KEY", "")).split(",") if k]
     if args.api_key_file is not None:
@@ -379,10 +378,9 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     template = args.chat_template
     if args.chat_template_file is not None:
         try:
-            with open(args.chat_template_file, encoding="utf-8") as f:
-                template = f.read()
-        except OSError as e:
-            parser.error(f"--chat-template-file: cannot read {args.chat_template_file}: {e.strerror}")
+            template = read_text_file(args.chat_template_file, "chat template file")
+        except ValueError as e:
+            parser.error(f"--chat-template-file: {e}")
     if template is not None:
         from samplechain.server.state import chat_template
 
@@ -468,10 +466,9 @@ def generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     prompt = args.prompt
     if args.file is not None:
         try:
-            with open(args.file, encoding="utf-8") as f:
-                prompt = f.read()
-        except OSError as e:
-            parser.error(f"cannot read prompt file {args.file}: {e.strerror}")
+            prompt = read_text_file(args.file, "prompt file")
+        except ValueError as e:
+            parser.error(str(e))
     elif prompt is not None and args.escape:
         prompt = _unescape(prompt)
     prompt = prompt or ""
