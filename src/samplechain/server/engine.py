@@ -423,10 +423,7 @@ class Engine:
                 blocks.append((s, 1))
         if not tokens:
             return
-        if self.step_hook is not None:
-            self.step_hook()
-        if self.kv_unified:
-            self._make_room(len(tokens))
+        self._before_forward(len(tokens))
         t0 = time.perf_counter()
         try:
             logits = self.ctx.decode(tokens, positions=positions, seq_ids=seqs, outputs=outputs)
@@ -461,6 +458,13 @@ class Engine:
                 continue
             self._emit(s, events)
 
+    def _before_forward(self, n: int) -> None:
+        """Before a forward of ``n`` tokens: the test hook (slow steps), and room in a unified cache."""
+        if self.step_hook is not None:
+            self.step_hook()
+        if self.kv_unified:
+            self._make_room(n)
+
     def _make_room(self, n: int) -> None:
         """A unified cache with fewer than ``n`` free cells: idle slots give theirs up, one by one in slot order
         (llama-server's ``try_clear_idle_slots``)."""
@@ -490,10 +494,7 @@ class Engine:
             parts.append((s, chunk, len(chunk) == len(todo)))
         if not tokens:
             return
-        if self.step_hook is not None:
-            self.step_hook()
-        if self.kv_unified:
-            self._make_room(len(tokens))
+        self._before_forward(len(tokens))
         try:
             hidden = self.ctx.embed(tokens, positions=positions, seq_ids=seqs).float().cpu().numpy()
         except KVCacheFull:  # only with a unified cache: the slots together outgrew the pool
