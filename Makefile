@@ -25,10 +25,12 @@ setup: $(VENV)/.installed
 browser:
 	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
+# the tests run on every core (at most 4: each worker loads the models), a test module per worker at a time, so a
+# module's fixtures (a server, a browser, a reference model) are built once
 test: setup browser
 	$(PY) -m ruff check src tests benchmarks
 	$(PY) -m tests.llama_tree
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --maxprocesses 4 --dist loadscope
 
 run: setup
 	$(PY) -m samplechain generate -p "The three most useful things to know about the ocean are" -n 96 --seed 42

@@ -359,6 +359,7 @@ def test_chains_equal_reference_over_parameters(chain, kind):
         check_against_reference(make, x, seed=int(rng.integers(1 << 31)), steps=2)
 
 
+@pytest.mark.slow  # 450 chains on 49,152 logits
 def test_top_p_cut_exactly_at_a_running_sum():
     """p equal to (or one ulp around) a binary32 running sum: the f64 shortcut must defer to the f32 sums."""
     for seed in range(30):

@@ -262,10 +262,8 @@ def test_a_single_end_tag_text_is_one_tag():
 
 # --- the runtime: backend sampling is turned off, the text is cut at the budget ---------------------------------
 
-def test_budget_turns_backend_sampling_off_and_ends_the_block(capsys):
-    from samplechain.runtime import load_model
-
-    model = load_model()  # SmolLM2: <|im_start|> = 1, <|im_end|> = 2 (end of generation)
+def test_budget_turns_backend_sampling_off_and_ends_the_block(smol, capsys):
+    model = smol  # SmolLM2: <|im_start|> = 1, <|im_end|> = 2 (end of generation)
     prompt = "The capital of France is"
     want = "".join(model.generate(prompt, SamplingParams(seed=4), n_predict=3))
     budget = SamplingParams(seed=4, backend_sampling=True, reasoning_budget_tokens=3,

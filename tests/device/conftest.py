@@ -2,13 +2,11 @@ import numpy as np
 import pytest
 import torch
 
-from samplechain.runtime import load_model
-
 
 @pytest.fixture(scope="session")
-def real_logits() -> np.ndarray:
+def real_logits(smol) -> np.ndarray:
     """SmolLM2's logits (49,152 tokens) at every position of a short text: real distributions, peaked and flat."""
-    model = load_model()
+    model = smol
     text = ("The old lighthouse keeper climbed the stairs each evening, counting the steps aloud. "
             "Forty-two, he would say, and then light the lamp. Ships passed; storms came and went.")
     ids = model.tokenize(text)

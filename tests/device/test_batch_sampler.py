@@ -235,10 +235,8 @@ def test_grammar_rows_sample_on_the_cpu(smol_vocab_params):
 
 
 @pytest.fixture(scope="module")
-def smol_vocab_params():
-    from samplechain.runtime import load_model
-
-    return load_model().vocab, SamplingParams(seed=3, grammar='root ::= "yes" | "no" | [0-9]+')
+def smol_vocab_params(smol):
+    return smol.vocab, SamplingParams(seed=3, grammar='root ::= "yes" | "no" | [0-9]+')
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -1,6 +1,7 @@
 """After a context shift the logits equal a fresh evaluation of the kept tokens at their new positions."""
 
 import numpy as np
+import pytest
 import torch
 
 from samplechain import SamplingParams
@@ -29,26 +30,27 @@ def _uniform_shift_and_compare(transformer, tokens, n_ctx, start, next_token):
     return shifted, fresh
 
 
-def test_shift_equals_fresh_evaluation_llama(smol):
-    dense = smol.transformer.dense()
+def test_shift_equals_fresh_evaluation_llama(smol, dense_of):
+    dense = dense_of(smol)
     tokens = _tokens(smol, 40)
     shifted, fresh = _uniform_shift_and_compare(dense, tokens, 64, 3000, tokens[10])
     torch.testing.assert_close(shifted, fresh, atol=2e-3, rtol=0)
 
 
-def test_shift_equals_fresh_evaluation_gemma3_sliding_window(gemma):
+@pytest.mark.slow
+def test_shift_equals_fresh_evaluation_gemma3_sliding_window(gemma, dense_of):
     """600 tokens: the sliding-window layers (window 512, RoPE base 10k) mask the first ones, the global layers
     (base 1M) see all; both kinds of keys are re-rotated."""
     tokens = _tokens(gemma, 600)
-    shifted, fresh = _uniform_shift_and_compare(gemma.transformer.dense(), tokens, 640, 5000, tokens[7])
+    shifted, fresh = _uniform_shift_and_compare(dense_of(gemma), tokens, 640, 5000, tokens[7])
     assert (shifted - fresh).abs().max().item() < 5e-3
 
 
-def test_context_shift_keeps_and_slides_positions(smol):
+def test_context_shift_keeps_and_slides_positions(smol, dense_of):
     """llama.cpp's shift (n_keep, discard half): the kept prefix and the slid tail occupy positions 0..n-1 with no
     gap, and the next token goes right after them. (The tail's keys were computed while it attended to the
     discarded tokens, so its logits approximate, not equal, a fresh evaluation: that is llama.cpp's behaviour.)"""
-    dense = smol.transformer.dense()
+    dense = dense_of(smol)
     tokens = _tokens(smol, 63)
     ctx = Context(dense, 64)
     ctx.decode(tokens, outputs=[False] * 63)
@@ -87,9 +89,9 @@ def test_generation_stops_when_full_without_shift(smol):
     assert smol.timings.n_sample == 32 - n_prompt
 
 
-def test_kv_shift_rotates_keys_like_fresh_positions(smol):
+def test_kv_shift_rotates_keys_like_fresh_positions(smol, dense_of):
     """K-shift alone: keys stored at positions p, shifted by -d, equal keys computed at p - d."""
-    t = smol.transformer.dense()
+    t = dense_of(smol)
     tokens = _tokens(smol, 20)
     ctx = Context(t, 32)
     ctx.decode(tokens, positions=np.arange(100, 120))

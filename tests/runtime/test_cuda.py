@@ -23,11 +23,11 @@ def eager(cuda_model):
     return cuda_model.transformer.with_engine(None, "cuda-eager")
 
 
-def test_cuda_logits_match_the_cpu_reference(cuda_model, smol):
+def test_cuda_logits_match_the_cpu_reference(cuda_model, smol, dense_of):
     tokens = smol.tokenize(PROMPT)
     n = len(tokens)
     got = Context(cuda_model.transformer, 128).decode(tokens, outputs=[True] * n).cpu()
-    want = Context(smol.transformer.dense(), 128).decode(tokens, outputs=[True] * n)
+    want = Context(dense_of(smol), 128).decode(tokens, outputs=[True] * n)
     assert (got - want).abs().max().item() < 2e-3
 
 

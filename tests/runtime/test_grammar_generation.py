@@ -1,13 +1,12 @@
 """Grammar-constrained generation with the default model: the output of realistic schemas validates."""
 
 import json
-import subprocess
-import sys
 
 import jsonschema
 import pytest
 
 from samplechain import SamplingParams
+from samplechain.cli import main
 
 SCHEMAS = {
     "person": {
@@ -63,23 +62,19 @@ def test_generated_json_validates(smol, name, grammar_first, monkeypatch):
     assert smol.timings.n_eval < 300  # it stopped because the document was complete
 
 
-def test_cli_json_schema_gives_valid_json():
+def test_cli_json_schema_gives_valid_json(capsys):
     schema = SCHEMAS["person"]
-    r = subprocess.run([sys.executable, "-m", "samplechain", "generate", "-p", "A person as JSON:", "-n", "200",
-                        "--seed", "7", "--json-schema", json.dumps(schema), "--no-perf", "--no-display-prompt"],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    jsonschema.validate(json.loads(r.stdout), schema)
+    assert main(["generate", "-p", "A person as JSON:", "-n", "200", "--seed", "7", "--json-schema",
+                 json.dumps(schema), "--no-perf", "--no-display-prompt"]) == 0
+    jsonschema.validate(json.loads(capsys.readouterr().out), schema)
 
 
-def test_cli_grammar_file_and_bad_grammar(tmp_path):
+def test_cli_grammar_file_and_bad_grammar(tmp_path, capsys):
     path = tmp_path / "yes.gbnf"
     path.write_text('root ::= ("yes" | "no") "."\n', encoding="utf-8")
-    r = subprocess.run([sys.executable, "-m", "samplechain", "generate", "-p", "Is water wet? Answer:", "-n", "8",
-                        "--grammar-file", str(path), "--no-perf", "--no-display-prompt"], capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() in ("yes.", "no.")
-    r = subprocess.run([sys.executable, "-m", "samplechain", "generate", "-p", "x", "--grammar", 'root ::= "a"{3,2}'],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2 and "maximum below its minimum" in r.stderr
+    assert main(["generate", "-p", "Is water wet? Answer:", "-n", "8", "--grammar-file", str(path), "--no-perf",
+                 "--no-display-prompt"]) == 0
+    assert capsys.readouterr().out.strip() in ("yes.", "no.")
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "-p", "x", "--grammar", 'root ::= "a"{3,2}'])
+    assert e.value.code == 2 and "maximum below its minimum" in capsys.readouterr().err

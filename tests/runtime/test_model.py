@@ -18,7 +18,8 @@ def _prompt(model, name):
     return model.tokenize(PROMPTS[name])
 
 
-@pytest.fixture(scope="module", params=["smollm2", "gemma3-270m"])
+# transformers' Gemma: a minute to load
+@pytest.fixture(scope="module", params=["smollm2", pytest.param("gemma3-270m", marks=pytest.mark.slow)])
 def model_and_reference(request, smol, gemma, reference_models):
     model = smol if request.param == "smollm2" else gemma
     tokens = _prompt(model, request.param)
@@ -33,9 +34,9 @@ def _all_logits(transformer, tokens, n_ctx=256):
     return transformer.forward(cache, np.array(tokens), np.arange(n), [(0,)] * n, np.ones(n, dtype=bool))
 
 
-def test_dequantized_path_matches_transformers(model_and_reference):
+def test_dequantized_path_matches_transformers(model_and_reference, dense_of):
     _name, model, tokens, ref = model_and_reference
-    ours = _all_logits(model.transformer.dense(), tokens)
+    ours = _all_logits(dense_of(model), tokens)
     assert ours.shape == ref.shape
     assert (ours - ref).abs().max().item() < 2e-3
     assert torch.equal(ours.argmax(-1), ref.argmax(-1))
@@ -51,11 +52,11 @@ def test_default_path_matches_transformers(model_and_reference):
     assert agree >= 0.9
 
 
-def test_int4_kernel_in_float32_equals_dequantized(smol):
+def test_int4_kernel_in_float32_equals_dequantized(smol, dense_of):
     """Q4_1 maps exactly onto torch's int4 kernel: with float32 activations both paths agree to rounding."""
     tokens = _prompt(smol, "smollm2")[:12]
     exact = _all_logits(smol.transformer.with_int4_dtype(torch.float32), tokens)
-    dense = _all_logits(smol.transformer.dense(), tokens)
+    dense = _all_logits(dense_of(smol), tokens)
     assert (exact - dense).abs().max().item() < 1e-3
 
 
@@ -71,11 +72,11 @@ def test_outputs_only_for_marked_rows(smol):
     torch.testing.assert_close(some, full[[2, 9]], atol=1e-4, rtol=0)
 
 
-def test_one_batch_of_several_sequences_equals_separate_decoding(any_model):
+def test_one_batch_of_several_sequences_equals_separate_decoding(any_model, dense_of):
     """Tokens of three sequences in one forward: attention is masked by sequence and position.
     (Dequantized weights: the bfloat16 int4 kernel's rounding depends on the batch shape.)"""
     model = any_model
-    dense = model.transformer.dense()
+    dense = dense_of(model)
     a = model.tokenize("The sky is blue and", add_special=True)
     b = model.tokenize("Paris is the capital of", add_special=True)
     c = model.tokenize("1, 2, 3,", add_special=True)
@@ -100,9 +101,9 @@ def test_one_batch_of_several_sequences_equals_separate_decoding(any_model):
     torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
 
 
-def test_split_prompt_batches_equal_one_batch(smol):
+def test_split_prompt_batches_equal_one_batch(smol, dense_of):
     tokens = smol.tokenize("A long enough prompt, to be cut into several batches of three tokens each.")
-    dense = smol.transformer.dense()
+    dense = dense_of(smol)
     one = Context(dense, 128).decode(tokens)[-1]
     split = Context(dense, 128, n_batch=3).decode(tokens)[-1]
     torch.testing.assert_close(split, one, atol=2e-3, rtol=0)

@@ -13,7 +13,7 @@ CORPUS = [
 ]
 
 
-@pytest.mark.parametrize("name", ["smollm2", "gemma3-270m"])
+@pytest.mark.parametrize("name", ["smollm2", pytest.param("gemma3-270m", marks=pytest.mark.slow)])
 def test_tokenization_matches_the_reference(name, smol, gemma, reference_tokenizers):
     model = smol if name == "smollm2" else gemma
     ref = reference_tokenizers(name)
@@ -42,7 +42,7 @@ def test_vocab_sets(smol, gemma):
     assert smol.vocab.piece(1) == b"" and smol.vocab.piece(1, special=True) == b"<|im_start|>"
 
 
-@pytest.mark.parametrize("name", ["smollm2", "gemma3-270m"])
+@pytest.mark.parametrize("name", ["smollm2", pytest.param("gemma3-270m", marks=pytest.mark.slow)])
 def test_token_bytes_decode_like_the_reference(name, smol, gemma, reference_tokenizers):
     model = smol if name == "smollm2" else gemma
     ref = reference_tokenizers(name)

@@ -146,6 +146,7 @@ def _toy(seed):
     return rng.normal(0, 1.5, 12).astype(np.float32)
 
 
+@pytest.mark.slow  # 20,000 draws
 def test_speculative_sampling_reproduces_the_target_distribution():
     """The first emitted token is distributed as the target's chain says, whatever the draft's distribution."""
     target_logits, n = _toy(1), 20000
@@ -169,6 +170,7 @@ def test_speculative_sampling_reproduces_the_target_distribution():
     assert scipy_stats.chisquare(counts, q * n)[1] < 1e-6
 
 
+@pytest.mark.slow  # 12,000 draws
 def test_speculative_sampling_with_truncated_candidate_sets():
     """Target top-k 3, draft over other ids: the residual is taken over the union of ids (llama.cpp subtracts
     index-wise)."""
@@ -197,11 +199,12 @@ def test_greedy_target_accepts_only_its_argmax():
 
 # --- the draft model --------------------------------------------------------------------------------------------
 
-def test_int4_draft_for_the_dequantized_target(smol):
+@pytest.mark.slow  # the dequantized SmolLM2 decodes a few tokens a second
+def test_int4_draft_for_the_dequantized_target(smol, dense_of):
     """The compiled int4 path drafts for the dequantized reference model: same text, most drafts accepted."""
     from samplechain.runtime.generation import Model
 
-    dense = Model(smol.path, smol.gguf, smol.transformer.dense(), smol.vocab, 0.0)
+    dense = Model(smol.path, smol.gguf, dense_of(smol), smol.vocab, 0.0)
     drafter = DraftModel(smol, dense.vocab, n_max=6, n_ctx=512)
     plain, fast, spec = _both(dense, TASKS["copy"], SamplingParams(temperature=0.0), n=40, drafter=drafter,
                               n_ctx=512)
