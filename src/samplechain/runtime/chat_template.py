@@ -170,7 +170,9 @@ def _environment():
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     # ChainableUndefined: like llama.cpp's engine, ``messages[0].role`` of no messages is undefined, not an error
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=ChainableUndefined)
+    # loopcontrols: `{% break %}` and `{% continue %}`, which llama.cpp's engine parses (Command R7B's template)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=ChainableUndefined,
+                                        extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson
     env.globals["tojson"] = tojson
     env.globals["raise_exception"] = _raise_exception
