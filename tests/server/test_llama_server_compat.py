@@ -210,3 +210,5 @@ def test_templates_may_break_and_continue_loops(smol):
     msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "skip"},
             {"role": "user", "content": "b"}, {"role": "assistant", "content": "c"}]
     assert render(template, smol.vocab, msgs, False) == "ab"
+    # a string + an undefined or null value is the string, as llama.cpp's engine has it (firefunction v2's template)
+    assert render("{{ 'x' + functions + 'y' }}{{ none + 'z' }}", smol.vocab, msgs, False) == "xyz"
