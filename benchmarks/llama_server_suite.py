@@ -83,6 +83,17 @@ MODEL_TEXT: list[tuple[str, str, str]] = [
     ("test_metrics::test_metrics_embedding_prompt_is_counted", r"assert 400 == 200",
      "SmolLM2's GGUF names no pooling type (a causal LM: none), so /v1/embeddings answers 400 `Pooling type 'none' "
      "is not OAI compatible`, as llama-server does for it; bert-bge-small's GGUF sets CLS pooling"),
+    ("test_embedding::test_embedding_mixed_input[[]*", r"assert 400 == 200",
+     "SmolLM2's GGUF names no pooling type (none): /v1/embeddings answers 400 `Pooling type 'none' is not OAI "
+     "compatible`, as llama-server does for it (with `--pooling last` these inputs are served, but for `\"\"`: "
+     "SmolLM2 adds no BOS, so the empty input has no tokens, a 400 in llama-server too)"),
+    ("test_embedding::test_embedding_usage_*", r"assert 400 == 200",
+     "SmolLM2's GGUF names no pooling type (none): /v1/embeddings answers 400 as llama-server does for it; the "
+     "counts 9 / 6 are bert-bge's tokenizer's, with its [CLS] and [SEP]"),
+    ("test_embedding::test_embedding_openai_library_base64", r"assert 400 == 200",
+     "SmolLM2's GGUF names no pooling type (none): /v1/embeddings answers 400 as llama-server does for it"),
+    ("test_embedding::test_embedding_pooling_none", r"assert \d+ == 5",
+     "5 = 3 tokens of `hello hello hello` + bert-bge's [CLS] and [SEP]; SmolLM2 adds neither"),
     ("test_completion::test_completion_prompt_cache", r"== \d+\)$",
      "n_prompt = (40 + r) * 5 + 2 counts the stories tokenizer's tokens of ` Hello r` repeated"),
     ("test_slot_save::test_slot_save_restore", REGEX,
