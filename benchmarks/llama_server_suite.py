@@ -78,8 +78,8 @@ MODEL_TEXT: list[tuple[str, str, str]] = [
      "4 progress reports: the stories tokenizer's prompt takes 3 batches of 64 (SmolLM2's 70 tokens take 2)"),
     ("test_infill::*", r"assert 501 == (200|400)",
      "SmolLM2's vocabulary has no FIM tokens: /infill answers 501 `Infill is not supported by this model`, as "
-     "llama-server does for such a vocabulary (the stories260K-infill model has them; with a FIM model standing "
-     "in, `SAMPLECHAIN_SUITE_MODEL`, the requests are served)"),
+     "llama-server does for such a vocabulary, before reading the body (stories260K-infill has them; the prompt "
+     "building and the body's checks are tested in tests/server/test_infill.py)"),
     ("test_metrics::test_metrics_embedding_prompt_is_counted", r"assert 400 == 200",
      "SmolLM2's GGUF names no pooling type (a causal LM: none), so /v1/embeddings answers 400 `Pooling type 'none' "
      "is not OAI compatible`, as llama-server does for it; bert-bge-small's GGUF sets CLS pooling"),
