@@ -92,6 +92,12 @@ MODEL_TEXT: list[tuple[str, str, str]] = [
      "counts 9 / 6 are bert-bge's tokenizer's, with its [CLS] and [SEP]"),
     ("test_embedding::test_embedding_openai_library_base64", r"assert 400 == 200",
      "SmolLM2's GGUF names no pooling type (none): /v1/embeddings answers 400 as llama-server does for it"),
+    ("test_embedding::test_embedding_error_prompt_too_long", r"assert 'too large' in 'request \(\d+ tokens\) exceeds "
+     r"the available context size",
+     "bert-bge is an encoder without a KV cache, so llama-server cannot split its prompt and answers `input (N "
+     "tokens) is too large to process` (the batch); SmolLM2 has a cache, pooling `last` reads the prompt in "
+     "chunks, and the limit is the context: `request (N tokens) exceeds the available context size`, as "
+     "llama-server answers for it"),
     ("test_embedding::test_embedding_pooling_none", r"assert \d+ == 5",
      "5 = 3 tokens of `hello hello hello` + bert-bge's [CLS] and [SEP]; SmolLM2 adds neither"),
     ("test_completion::test_completion_prompt_cache", r"== \d+\)$",
