@@ -84,3 +84,24 @@ def test_synthetic_acceptance(smol, plain, capsys):
         with pytest.raises(SystemExit) as e:
             cli.main(["serve", "--spec-type", "ngram-simple", *argv])
         assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_adaptive_length_never_below_draft_min():
+    """With ``--draft-min`` the adaptive length is raised to it: a shorter cap dropped every draft, so nothing was
+    ever drafted or measured (llama-server's test_speculative saw ``draft_n`` 0 with n_min 4)."""
+
+    class Eight:
+        name = "eight"
+
+        def begin(self, prompt):
+            pass
+
+        def draft(self, history, id_last):
+            return list(range(8))
+
+        def accept(self, n_accepted, is_other=False):
+            pass
+
+    spec = Speculation([Eight()], n_max=8, n_min=4)
+    assert spec.best_length(spec.stats["eight"].rate, 8) < 4  # the unmeasured guess alone picks a shorter draft
+    assert spec.propose([1, 2], 3, 8) == [0, 1, 2, 3]

@@ -168,6 +168,8 @@ class Speculation:
                     if self._idle < self.probe_every:
                         return []
                     cap = min(limit, 4)  # a probe keeps the acceptance estimate current
+                # never below --draft-min: a shorter draft would be dropped, and with it every later measurement
+                cap = max(cap, min(self.n_min, limit))
             tokens = tokens[:cap]
             if len(tokens) < max(self.n_min, 1):
                 return []
