@@ -69,7 +69,7 @@ MODEL_TEXT: list[tuple[str, str, str]] = [
      "expects the prompt echoed with the stories vocab's BOS text `<s> ` (SmolLM2 adds no BOS)"),
     ("test_chat_completion::test_chat_completion[[]*", r"assert \d+ == (69|77|23|104|79)$",
      "usage.prompt_tokens counts the stories tokenizer's tokens of the rendered chat, then a regex over its words"),
-    ("test_chat_completion::test_chat_template", r"== '<s> <\|start_header_id\|>",
+    ("test_chat_completion::test_chat_template", r"== '<s> <\|start_",
      "expects the llama3 prompt after the stories vocab's BOS text `<s> ` (SmolLM2 adds no BOS)"),
     ("test_chat_completion::test_chat_completion_cached_tokens", r"assert \d+ == 77$",
      "prompt_tokens 77 / cached_tokens count the stories tokenizer's tokens"),
