@@ -287,14 +287,29 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     n.add_argument("-gaw", "--grp-attn-w", type=int, default=None, help="no group attention (self-extend)")
     s = sv.add_argument_group("sampling: every request's defaults (llama.cpp's flags and defaults)")
     add_sampling_arguments(s)
-    _add_spec_arguments(sv.add_argument_group("speculative decoding per slot (n-gram drafters, a draft model; same "
-                                              "text as without)"))
+    spec = sv.add_argument_group("speculative decoding per slot (n-gram drafters, a draft model; same text as "
+                                 "without)")
+    _add_spec_arguments(spec)
+    spec.add_argument("--spec-synth-rates", type=_rates, default=None, metavar="P0,P1,...",
+                      help="benchmarking: draft position i is accepted at random with unconditional probability Pi "
+                           "(one per --draft-max position, non-increasing) instead of by comparison")
+    spec.add_argument("--spec-synth-len", type=_number, default=None, metavar="L",
+                      help="benchmarking: geometric synthetic acceptance with mean acceptance length L (with the "
+                           "target token)")
     # embeddings (llama-server's --embedding and --pooling; -md is with the speculative flags)
     e = sv.add_argument_group("embeddings")
     e.add_argument("--embedding", "--embeddings", dest="embedding", action="store_true",
                    help="serve /embedding, /embeddings and /v1/embeddings (completions are served too)")
     e.add_argument("--pooling", choices=("none", "mean", "cls", "last", "rank"), default=None,  # runtime.embeddings
                    help="how embeddings pool the prompt's tokens (default: the model's own type, else none)")
+
+
+def _rates(value: str) -> list[float]:
+    """``--spec-synth-rates``: comma-separated numbers (llama.cpp parses each whole, else "invalid value")."""
+    try:
+        return [float(v.strip()) for v in value.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {value!r}") from None
 
 
 def _add_trace_parser(sub: argparse._SubParsersAction) -> None:
@@ -357,6 +372,7 @@ def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from samplechain.runtime.speculation import Speculation, synth_probabilities
     from samplechain.server.app import ServerConfig
     from samplechain.server.app import serve as run_server
     from samplechain.server.request import Defaults
@@ -433,8 +449,22 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if drafting:
         model_path(args.model_draft)
     _speculation(args, None, serving=True)  # bad drafter names and lengths are usage errors now
+    try:
+        synth = synth_probabilities(args.spec_synth_rates, args.spec_synth_len, args.draft_max)
+    except ValueError as e:
+        parser.error(str(e))
+    if synth and not _spec_types(args):
+        parser.error("synthetic acceptance requires an initialized speculative decoding context (--spec-type)")
+
+    def speculation() -> Speculation:
+        """A task's drafting: with synthetic acceptance, fixed lengths up to --draft-max (as llama.cpp)."""
+        spec = _speculation(args, None, serving=True)
+        if synth:
+            spec.synth, spec.adaptive = synth, False
+        return spec
+
     config = ServerConfig(
-        speculation=(lambda: _speculation(args, None, serving=True)) if _spec_types(args) else None,
+        speculation=speculation if _spec_types(args) else None,
         embedding=args.embedding, pooling=args.pooling, model_draft=args.model_draft if drafting else None,
         draft_params={"n_max": max(1, args.draft_max), "n_min": args.draft_min, "p_min": args.draft_p_min,
                       "sample": args.spec_verify == "sample", "seed": args.seed},

@@ -199,3 +199,16 @@ def test_jinja_template_reasoning_default_and_verbose(smol):
         r = call(s, "POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 1, "verbose": False}).json()
         assert "__verbose" not in r
     assert smol.vocab.chat_template != template  # the shared model is not changed
+
+
+def test_templates_may_break_and_continue_loops(smol):
+    """``{% break %}`` / ``{% continue %}`` parse, as in llama.cpp's engine (Command R7B's template uses them)."""
+    from samplechain.runtime.chat_template import render
+
+    template = ("{% for m in messages %}{% if m['content'] == 'skip' %}{% continue %}{% endif %}"
+                "{{ m['content'] }}{% if m['content'] == 'b' %}{% break %}{% endif %}{% endfor %}")
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "skip"},
+            {"role": "user", "content": "b"}, {"role": "assistant", "content": "c"}]
+    assert render(template, smol.vocab, msgs, False) == "ab"
+    # a string + an undefined or null value is the string, as llama.cpp's engine has it (firefunction v2's template)
+    assert render("{{ 'x' + functions + 'y' }}{{ none + 'z' }}", smol.vocab, msgs, False) == "xyz"

@@ -56,3 +56,52 @@ def test_draft_simple_needs_a_draft_model(capsys):
         cli.main(["serve", "--spec-type", "draft-simple"])
     assert e.value.code == 2
     assert "--spec-type draft-simple needs a draft model (-md)" in capsys.readouterr().err
+
+
+def test_synthetic_acceptance(smol, plain, capsys):
+    """``--spec-synth-rates`` (llama-server's benchmarking mode): rate 0 keeps no draft token (the tokens are
+    plain decoding's), rate 1 keeps every one; the flags resolve as llama.cpp's and bad values are usage errors."""
+    from samplechain import cli
+    from samplechain.runtime.speculation import synth_probabilities
+
+    def spec(rate: float):
+        return lambda: Speculation([], n_max=8, adaptive=False, synth=(rate,) * 8)
+
+    with live_server(smol, n_slots=1, n_ctx=512, speculation=spec(0.0), model_draft=smol.path,
+                     draft_params={"n_max": 8, "n_min": 4}) as s:
+        none = call(s, "POST", "/completion", REQUEST).json()
+    with live_server(smol, n_slots=1, n_ctx=512, speculation=spec(1.0), model_draft=smol.path,
+                     draft_params={"n_max": 8, "n_min": 4}) as s:
+        every = call(s, "POST", "/completion", {**REQUEST, "temperature": 0.0}).json()
+    assert none["tokens"] == plain["tokens"] and none["timings"]["draft_n"] > 0
+    assert none["timings"]["draft_n_accepted"] == 0
+    assert every["timings"]["draft_n"] > 0 and every["timings"]["draft_n_accepted"] == every["timings"]["draft_n"]
+    assert synth_probabilities([0.75 ** (i + 1) for i in range(4)], None, 4) == (0.75,) * 4
+    assert synth_probabilities(None, 5.0, 4) == (1.0,) * 4
+    for argv, message in ((["--draft-max", "2", "--spec-synth-rates", "0.5,0.6"], "monotonically non-increasing"),
+                          (["--spec-synth-rates", "0.5"], "must contain 16 values, got 1"),
+                          (["--spec-synth-len", "2", "--spec-synth-rates", "0.5"], "mutually exclusive")):
+        with pytest.raises(SystemExit) as e:
+            cli.main(["serve", "--spec-type", "ngram-simple", *argv])
+        assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_adaptive_length_never_below_draft_min():
+    """With ``--draft-min`` the adaptive length is raised to it: a shorter cap dropped every draft, so nothing was
+    ever drafted or measured (llama-server's test_speculative saw ``draft_n`` 0 with n_min 4)."""
+
+    class Eight:
+        name = "eight"
+
+        def begin(self, prompt):
+            pass
+
+        def draft(self, history, id_last):
+            return list(range(8))
+
+        def accept(self, n_accepted, is_other=False):
+            pass
+
+    spec = Speculation([Eight()], n_max=8, n_min=4)
+    assert spec.best_length(spec.stats["eight"].rate, 8) < 4  # the unmeasured guess alone picks a shorter draft
+    assert spec.propose([1, 2], 3, 8) == [0, 1, 2, 3]

@@ -166,11 +166,26 @@ def _raise_exception(message: str) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _environment():
-    from jinja2 import ChainableUndefined
+    from jinja2 import ChainableUndefined, Undefined
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+    class Environment(ImmutableSandboxedEnvironment):
+        """llama.cpp's engine concatenates a string and an undefined or null value with ``+`` as the string alone
+        (firefunction v2's template adds an undefined ``functions``); Python's ``+`` raises."""
+
+        intercepted_binops = frozenset(["+"])
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            left_null, right_null = left is None or isinstance(left, Undefined), right is None or isinstance(
+                right, Undefined)
+            if operator == "+" and ((left_null and isinstance(right, str)) or (right_null and isinstance(left, str))):
+                return ("" if left_null else left) + ("" if right_null else right)
+            return super().call_binop(context, operator, left, right)
+
     # ChainableUndefined: like llama.cpp's engine, ``messages[0].role`` of no messages is undefined, not an error
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=ChainableUndefined)
+    # loopcontrols: `{% break %}` and `{% continue %}`, which llama.cpp's engine parses (Command R7B's template)
+    env = Environment(trim_blocks=True, lstrip_blocks=True, undefined=ChainableUndefined,
+                      extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson
     env.globals["tojson"] = tojson
     env.globals["raise_exception"] = _raise_exception

@@ -81,6 +81,9 @@ class Speculation:
     # speculative sampling, for drafters that keep their distributions (a sampling draft model)
     verify: str = "compare"
     seed: int = 0
+    # --spec-synth-rates / --spec-synth-len (benchmarking): position i's draft token is accepted with this
+    # conditional probability instead of by comparison (``synth_probabilities``); empty: off
+    synth: tuple[float, ...] = ()
     stats: dict[str, DrafterStats] = field(default_factory=dict)
     rounds: int = 0          # verification rounds
     _times: dict[int, deque] = field(default_factory=dict)  # batch size -> the last forwards' seconds
@@ -165,6 +168,8 @@ class Speculation:
                     if self._idle < self.probe_every:
                         return []
                     cap = min(limit, 4)  # a probe keeps the acceptance estimate current
+                # never below --draft-min: a shorter draft would be dropped, and with it every later measurement
+                cap = max(cap, min(self.n_min, limit))
             tokens = tokens[:cap]
             if len(tokens) < max(self.n_min, 1):
                 return []
@@ -176,8 +181,40 @@ class Speculation:
             return tokens
         return []
 
+    def seed_synth(self, seed: int) -> None:
+        """The task's seed for synthetic acceptance (llama-server seeds a ``std::mt19937`` per task with it)."""
+        from samplechain.rng import resolve_seed
+
+        self._synth_rng = np.random.RandomState(resolve_seed(seed))  # MT19937 seeded as std::mt19937::seed
+
+    def _synth_uniform(self) -> float:
+        """libstdc++'s ``uniform_real_distribution<double>(0, 1)`` over the mt19937: two 32-bit draws."""
+        if not hasattr(self, "_synth_rng"):
+            self.seed_synth(self.seed)
+        lo, hi = self._synth_rng.randint(0, 2**32, size=2, dtype=np.uint64)
+        return min((int(lo) + int(hi) * 2**32) / 2**64, 1.0 - 2**-53)
+
+    def synth_round(self, sampler: CommonSampler, rows: Sequence[np.ndarray], draft: Sequence[int]) -> list[int]:
+        """llama-server's ``server_sample_and_accept_synth``: draft token i is kept with probability ``synth[i]``
+        (never an end-of-generation token), without advancing the grammar or the reasoning budget; the first one
+        not kept is replaced by the target's sample, which ends the round. The target is sampled only there (the
+        samples llama-server draws at kept positions are discarded unused)."""
+        vocab = sampler.vocab
+        out: list[int] = []
+        for i, token in enumerate(draft):
+            if self._synth_uniform() < self.synth[i] and not (vocab is not None and vocab.is_eog(token)):
+                sampler.accept(token)
+                out.append(token)
+                continue
+            out.append(sampler.sample(rows[i]))
+            return out
+        out.append(sampler.sample(rows[len(draft)]))
+        return out
+
     def verify_round(self, sampler: CommonSampler, rows: Sequence[np.ndarray], draft: Sequence[int]) -> list[int]:
         """The tokens this round emits (1 to len(draft) + 1), accepted into ``sampler``."""
+        if self.synth and draft:
+            return self.synth_round(sampler, rows, draft)
         dists = getattr(self._last, "distributions", None)
         if self.verify == "sample" and draft and dists is not None:
             return speculative_sample(sampler, rows, draft, dists[: len(draft)], self.rng)
@@ -276,3 +313,53 @@ def speculative_sample(sampler: CommonSampler, rows: Sequence[np.ndarray], draft
     out.append(token)
     sampler.accept(token, is_generated=True)
     return out
+
+
+def synth_probabilities(rates: Sequence[float] | None, length: float | None, n_max: int) -> tuple[float, ...]:
+    """``--spec-synth-rates`` / ``--spec-synth-len`` resolved as llama.cpp's ``common_speculative_synth_rates_resolve``
+    (unconditional per-position rates, or the geometric rates whose mean acceptance length is ``length``), returned
+    as the conditional probabilities the verification draws against (rate i / rate i-1). ValueError with
+    llama.cpp's messages."""
+    if rates is None and length is None:
+        return ()
+    if rates is not None and length is not None:
+        raise ValueError("synthetic acceptance length and rates are mutually exclusive")
+    if n_max <= 0:
+        raise ValueError("synthetic acceptance requires at least one speculative token")
+    if rates is not None:
+        if len(rates) != n_max:
+            raise ValueError(f"synthetic acceptance rates must contain {n_max} values, got {len(rates)}")
+        for i, r in enumerate(rates):
+            if not np.isfinite(r) or not 0.0 <= r <= 1.0:
+                raise ValueError("synthetic acceptance rates must be finite and within [0, 1]")
+            if i > 0 and r > rates[i - 1]:
+                raise ValueError("synthetic acceptance rates must be monotonically non-increasing")
+        resolved = list(rates)
+    else:
+        length_max = n_max + 1.0
+        if not np.isfinite(length) or not 1.0 <= length <= length_max:
+            raise ValueError(f"synthetic acceptance length must be finite and within [1, {length_max:.0f}]")
+        p = 0.0
+        if length == length_max:
+            p = 1.0
+        elif length > 1.0:
+            lo, hi = 0.0, 1.0
+            for _ in range(32):  # bisection: sum of p^1 .. p^n_max == length - 1
+                mid = 0.5 * (lo + hi)
+                total, term = 0.0, mid
+                for _ in range(n_max):
+                    total, term = total + term, term * mid
+                if total < length - 1.0:
+                    lo = mid
+                else:
+                    hi = mid
+            p = 0.5 * (lo + hi)
+        resolved, rate = [], p
+        for _ in range(n_max):
+            resolved.append(rate)
+            rate *= p
+    out, prev = [], 1.0
+    for r in resolved:
+        out.append(r / prev if prev > 0.0 else 0.0)
+        prev = r
+    return tuple(out)

@@ -343,6 +343,8 @@ class Engine:
             spec = self.speculation() if self.speculation is not None and task.params.n_probs == 0 else None
             if spec is not None and slot.drafter is not None:
                 spec.add(slot.drafter)
+            if spec is not None and spec.synth:
+                spec.seed_synth(task.params.seed)  # llama-server seeds each task's synthetic acceptance
             sampler = task.sampler or CommonSampler(task.params, self.vocab, n_vocab=self.model.config.n_vocab)
             task.sampler = None  # the slot owns it now
             for tok in task.tokens:
