@@ -133,6 +133,9 @@ def test_n_probs_prints_each_tokens_top_probabilities(capsys, smol_cli):
     (["serve", "--chat-template-file", "/nonexistent.jinja"],
      "--chat-template-file: cannot read chat template file /nonexistent.jinja"),
     (["serve", "-ctk", "q3_k"], "-ctk/--cache-type-k: unsupported cache type 'q3_k'"),
+    (["serve", "--lora", "a.gguf"], "LoRA adapters (--lora): not provided by samplechain serve"),
+    (["serve", "--reranking"], "reranking (--reranking): not provided by samplechain serve"),
+    (["serve", "--models-dir", "/tmp"], "router mode (--models-dir / --models-max / --models-preset): not provided"),
     (["serve", "-fa", "maybe"], "-fa/--flash-attn: unknown value 'maybe' (on, off or auto)"),
     (["serve", "--reasoning", "maybe"], "--reasoning: unknown value 'maybe' (on, off or auto)"),
     (["serve", "--sleep-idle-seconds", "0"], "--sleep-idle-seconds: cannot be 0 or less than -1, got 0"),
@@ -250,7 +253,7 @@ def test_serve_takes_llama_servers_flags(monkeypatch, capsys, tmp_path):
                  str(tmp_path), "--reasoning-format", "none", "--reasoning", "off", "-fa", "on", "--offline",
                  "--sleep-idle-seconds", "5", "--cache-ram", "100", "--no-cache-idle-slots", "-ctk", "q8_0", "-ctv",
                  "q8_0", "--swa-full", "--grp-attn-n", "2", "--grp-attn-w", "512", "--backend_sampling",
-                 "--no-slots"]) == 0
+                 "--no-slots", "--tools", "all", "--ui-mcp-proxy", "--media-path", str(tmp_path), "--no-mmproj"]) == 0
     config, log_level = got[0]
     assert (config.chat_template, config.use_jinja, config.kv_unified, config.ui) == (
         "{{ messages[0]['content'] }}", True, True, False)
@@ -261,7 +264,8 @@ def test_serve_takes_llama_servers_flags(monkeypatch, capsys, tmp_path):
     assert config.defaults.params.backend_sampling is True and config.slots is False
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
     assert [n.split(":")[1].strip() for n in notes] == [
-        "--offline", "-fa", "--sleep-idle-seconds", "--cache-ram / --cache-idle-slots", "-ctk / -ctv", "--swa-full",
+        "--offline", "--tools", "--ui-mcp-proxy / --mcp-servers-*", "--media-path / --mmproj / --no-mmproj", "-fa",
+        "--sleep-idle-seconds", "--cache-ram / --cache-idle-slots", "-ctk / -ctv", "--swa-full",
         "--grp-attn-n / --grp-attn-w"]
     got.clear()
     assert main(["serve", "--no-jinja", "--chat-template", "llama3"]) == 0

@@ -285,6 +285,21 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     n.add_argument("--swa-full", action="store_true", help="sliding-window layers keep every cell already")
     n.add_argument("-gan", "--grp-attn-n", type=int, default=None, help="no group attention (self-extend)")
     n.add_argument("-gaw", "--grp-attn-w", type=int, default=None, help="no group attention (self-extend)")
+    n.add_argument("--tools", default=None, help="the web UI's built-in agent tools are not provided")
+    n.add_argument("--tools-runtime", default=None, help="the web UI's built-in agent tools are not provided")
+    n.add_argument("--ui-mcp-proxy", action="store_true", help="no MCP proxy (/cors-proxy)")
+    n.add_argument("--mcp-servers-config", "--mcp-servers-json", dest="mcp_servers", default=None,
+                   help="no MCP proxy (/cors-proxy)")
+    n.add_argument("--media-path", default=None, help="no multimodal input (image parts are a 400)")
+    n.add_argument("-mmu", "--mmproj-url", "-mm", "--mmproj", dest="mmproj", default=None,
+                   help="no multimodal projector (image parts are a 400)")
+    n.add_argument("--no-mmproj", action="store_true", help="there is no multimodal projector anyway")
+    x = sv.add_argument_group("llama-server features not provided (a precise error, not an unknown flag)")
+    x.add_argument("--lora", "--lora-scaled", dest="lora", action="append", default=None, help="LoRA adapters")
+    x.add_argument("--reranking", "--rerank", action="store_true", help="the /rerank route (needs a reranker head)")
+    x.add_argument("--models-dir", "--models-max", "--models-preset", dest="router", default=None,
+                   help="router mode (several models behind one server)")
+    x.add_argument("--no-models-autoload", dest="router", action="store_const", const="", help=argparse.SUPPRESS)
     s = sv.add_argument_group("sampling: every request's defaults (llama.cpp's flags and defaults)")
     add_sampling_arguments(s)
     spec = sv.add_argument_group("speculative decoding per slot (n-gram drafters, a draft model; same text as "
@@ -413,7 +428,16 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"-fa/--flash-attn: unknown value {args.flash_attn!r} (on, off or auto)")
     if args.sleep_idle_seconds == 0 or args.sleep_idle_seconds < -1:
         parser.error(f"--sleep-idle-seconds: cannot be 0 or less than -1, got {args.sleep_idle_seconds}")
+    for given, feature in ((args.lora, "LoRA adapters (--lora)"), (args.reranking, "reranking (--reranking)"),
+                           (args.router is not None, "router mode (--models-dir / --models-max / --models-preset)")):
+        if given:
+            parser.error(f"{feature}: not provided by samplechain serve")
     notes = [(args.offline, "--offline: samplechain never downloads anything"),
+             (args.tools is not None or args.tools_runtime is not None,
+              "--tools: the web UI's built-in agent tools are not provided (OpenAI tool calls are)"),
+             (args.ui_mcp_proxy or args.mcp_servers is not None, "--ui-mcp-proxy / --mcp-servers-*: no MCP proxy"),
+             (args.media_path is not None or args.mmproj is not None or args.no_mmproj,
+              "--media-path / --mmproj / --no-mmproj: no multimodal input here (image parts are a 400)"),
              (args.flash_attn is not None, "-fa: the attention kernels are chosen by measurement"),
              (args.sleep_idle_seconds > 0, "--sleep-idle-seconds: the model stays loaded"),
              (args.cache_ram is not None or args.cache_idle_slots is not None,
