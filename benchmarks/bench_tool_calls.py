@@ -59,22 +59,22 @@ def with_template(model, name: str | None):
     return out
 
 
-def one(client: openai.OpenAI, seed: int) -> tuple[bool, bool]:
-    """(parsed into at least one call, every call's arguments valid for its tool). One call per answer: with
-    parallel calls a model this small keeps calling until ``max_tokens`` cuts the last call short, and a cut answer
-    is all content (as in llama.cpp)."""
+def one(client: openai.OpenAI, seed: int) -> tuple[bool, bool, bool]:
+    """(parsed into at least one call, every call's arguments valid for its tool, cut by ``max_tokens``). One call
+    per answer: with parallel calls a model this small keeps calling until ``max_tokens`` cuts the last call short,
+    and a cut answer is all content (as in llama.cpp); a cut answer is counted apart (the grammar did not fail)."""
     r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": QUESTIONS[seed % 4]}],
                                        tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
                                        max_tokens=96, seed=seed, temperature=1.0)
     calls = r.choices[0].message.tool_calls or []
     if r.choices[0].finish_reason != "tool_calls" or not calls:
-        return False, False
+        return False, False, r.choices[0].finish_reason == "length"
     try:
         for call in calls:
             jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
     except (ValueError, KeyError, jsonschema.ValidationError):
-        return True, False
-    return True, True
+        return True, False, False
+    return True, True, False
 
 
 def main() -> None:
@@ -83,7 +83,8 @@ def main() -> None:
     ap.add_argument("--formats", default=",".join(FORMATS), help="comma-separated formats")
     args = ap.parse_args()
     model = load_model()
-    print("| format | template | requests | parsed | schema-valid | s |\n|---|---|---|---|---|---|")
+    print("| format | template | requests | parsed | schema-valid | cut by max_tokens | s |\n"
+          "|---|---|---|---|---|---|---|")
     for fmt in args.formats.split(","):
         template = FORMATS[fmt]
         with BackgroundServer(ServerConfig(port=0, n_slots=4, n_ctx=8192), with_template(model, template)) as s:
@@ -93,10 +94,10 @@ def main() -> None:
             with concurrent.futures.ThreadPoolExecutor(4) as pool:
                 results = list(pool.map(one, [client] * args.requests, range(args.requests)))
             dt = time.perf_counter() - t0
-        parsed, valid = sum(p for p, _ in results), sum(v for _, v in results)
+        parsed, valid, cut = (sum(r[k] for r in results) for k in range(3))
         n = len(results)
         print(f"| {fmt} | {template or 'SmolLM2 (own)'} | {n} | {parsed} ({100 * parsed / n:.0f} %) | "
-              f"{valid} ({100 * valid / n:.0f} %) | {dt:.0f} |")
+              f"{valid} ({100 * valid / n:.0f} %) | {cut} | {dt:.0f} |")
 
 
 if __name__ == "__main__":

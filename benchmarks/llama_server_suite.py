@@ -47,6 +47,8 @@ REGEX = r"match_regex\("  # a regex over the stories model's words
 MODEL_TEXT: list[tuple[str, str, str]] = [
     ("test_basic::test_load_split_model", REGEX,
      "regex over the greedy text of stories15M (split GGUF), `(little|girl)+`"),
+    ("test_speculative::test_multi_requests_parallel[[]*", REGEX,
+     "regex `(wise|kind|owl|answer)+` over the stories model's greedy words (every status 200 first)"),
     ("test_tokenize::test_tokenize_with_bos", r"assert \d+ == 1$",
      "expects BOS id 1 first: the stories vocab adds BOS, SmolLM2's GGUF sets add_bos_token false"),
     ("test_ctx_shift::test_ctx_shift_enabled", r"assert \d+ == 226",
