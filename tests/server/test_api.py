@@ -284,6 +284,9 @@ def test_assistant_prefill(server):
                                                  "continue_final_message": True, "add_generation_prompt": False})
     assert a.json()["prompt"] == b.json()["prompt"]
     assert a.json()["prompt"].endswith("<|im_start|>assistant\nRed,")
+    parts = [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]  # a continued message's parts: a blank
+    c = call(server, "POST", "/apply-template", {"messages": [*CHAT, {"role": "assistant", "content": parts}]})
+    assert c.json()["prompt"].endswith("<|im_start|>assistant\nWh\n\nill")  # line between (render_content)
 
 
 def test_n_choices(client):

@@ -81,7 +81,9 @@ def prompts(model: Model, body: Mapping[str, Any], n_ctx: int | None = None, n_e
 # --- chat ------------------------------------------------------------------------------------------------------
 
 
-def _content_text(content: Any) -> str:
+def _content_text(content: Any, delimiter: str = "\n") -> str:
+    """A message's text: a string, or its text parts joined by ``delimiter`` (llama.cpp joins a message's parts with
+    a newline for the template, and a continued final message's with a blank line: ``render_content``)."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -96,7 +98,7 @@ def _content_text(content: Any) -> str:
             if not isinstance(part.get("text"), str):
                 raise bad_request("a text content part needs a string 'text'")
             parts.append(part["text"])
-        return "\n".join(parts)
+        return delimiter.join(parts)
     raise bad_request("Expected 'content' to be a string or an array")
 
 
@@ -196,7 +198,7 @@ def chat_setup(model: Model, body: Mapping[str, Any], n_ctx: int | None = None,
         if messages[-1].get("tool_calls"):
             raise bad_request("Cannot continue an assistant message that contains tool calls.")
         head = setup(messages[:-1], True)
-        content = messages[-1]["content"]
+        content = _content_text(body["messages"][-1].get("content"), "\n\n")
         return ChatPrompt(head.prompt + content, content, head.format)
     if not messages:
         raise bad_request("'messages' must not be empty")
