@@ -203,7 +203,7 @@ def test_jinja_template_reasoning_default_and_verbose(smol):
 
 def test_templates_may_break_and_continue_loops(smol):
     """``{% break %}`` / ``{% continue %}`` parse, as in llama.cpp's engine (Command R7B's template uses them)."""
-    from samplechain.runtime.chat_template import render
+    from samplechain.chat.template import render
 
     template = ("{% for m in messages %}{% if m['content'] == 'skip' %}{% continue %}{% endif %}"
                 "{{ m['content'] }}{% if m['content'] == 'b' %}{% break %}{% endif %}{% endfor %}")

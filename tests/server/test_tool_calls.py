@@ -10,25 +10,15 @@ import jsonschema
 import pytest
 from tests.server.conftest import live_server
 
+from samplechain.chat import ChatMessage as ParsedMessage
+from samplechain.chat import ChatSyntax, MessageStream, ToolCall, parse_tool_request
+from samplechain.chat.formats import GENERIC, HERMES_2_PRO, LLAMA_3_X, LLAMA_3_X_BUILTIN, MISTRAL_NEMO, ToolSetup, detect
+from samplechain.chat.parse import parse_content
+from samplechain.chat.template import BUILTIN_TEMPLATES
 from samplechain.grammar.engine import Grammar
-from samplechain.runtime.chat_template import BUILTIN_TEMPLATES
 from samplechain.server import prompts
 from samplechain.server.limits import APIError
-from samplechain.server.tool_calls import (
-    GENERIC,
-    HERMES_2_PRO,
-    LLAMA_3_X,
-    LLAMA_3_X_BUILTIN,
-    MISTRAL_NEMO,
-    MessageStream,
-    ParsedMessage,
-    ToolCall,
-    ToolCaps,
-    detect_format,
-    parse_message,
-    parse_tool_request,
-    render_chat,
-)
+from samplechain.server.responses import oai_deltas
 
 TEMPLATES = Path(__file__).parent.parent / "fixtures" / "templates"
 HERMES_2 = "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja"
@@ -49,6 +39,14 @@ CALL = ParsedMessage("", [ToolCall("special_function", '{"arg1": 1}')])
 
 def source(name: str) -> str:
     return (TEMPLATES / name).read_text()
+
+
+def parse_message(fmt, text, partial=False):
+    return parse_content(ChatSyntax(fmt, True), text, partial)
+
+
+def detect_format(src, req, schema):
+    return detect(src, req, schema).name
 
 
 def request(*tools, choice="auto", parallel=None):
@@ -128,9 +126,9 @@ def test_a_final_answer_without_the_format_is_content(fmt, text):
     (GENERIC, '{"response": "caf\\u00e9 \\"ok\\"\\n"}'),
 ])
 def test_stream_deltas_add_up_to_the_message(fmt, text):
-    stream = MessageStream(fmt)
-    deltas = [d for i in range(0, len(text), 3) for d in stream.update(text[i:i + 3])]
-    deltas += stream.update("", final=True)
+    stream = MessageStream(ChatSyntax(fmt, True, extract_reasoning=False))
+    deltas = [d for i in range(0, len(text), 3) for d in oai_deltas(stream.update(text[i:i + 3]), False)]
+    deltas += oai_deltas(stream.update("", final=True), False)
     final = parse_message(fmt, text)
     content, calls = "", {}
     for d in deltas:
@@ -149,8 +147,8 @@ def test_stream_deltas_add_up_to_the_message(fmt, text):
 
 def fmt_of(template, req, json_schema=None):
     """A format's grammar and triggers (the prompt is not looked at)."""
-    return render_chat(lambda *a: "", source(template) if template else "", ToolCaps(), [], req, True,
-                       json_schema=json_schema).format
+    fmt = detect(source(template) if template else "", req, json_schema)
+    return fmt.params(ToolSetup(req, req.choice == "required", bool(req.parallel), json_schema))
 
 
 @pytest.mark.parametrize(("template", "choice", "good", "bad"), [
@@ -203,7 +201,7 @@ def test_triggers_and_preserved_tokens_as_llama_cpp_sets_them():
 ])
 def test_bad_tool_fields_are_a_400(body, message):
     with pytest.raises(APIError) as e:
-        parse_tool_request(body)
+        prompts.tool_request(body)
     assert e.value.code == 400 and message in e.value.message
 
 

@@ -3,7 +3,7 @@
 A ``ChatSession`` keeps the history in the KV cache, and each user turn decodes only what the template adds for it
 (llama.cpp's ``common_chat_format_single``: the template applied to the history with and without the new message,
 the difference appended). A context shift keeps the system prompt and the chat header. Templates live in
-``chat_template.py``; each answer is a ``Decoder`` over the session's ``Sequence``.
+``samplechain.chat``; each answer is a ``Decoder`` over the session's ``Sequence``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from samplechain.params import CommonSampler, SamplingParams
-from samplechain.runtime.chat_template import (  # noqa: F401  (the chat API's names, importable from here)
+from samplechain.chat.template import (  # noqa: F401  (the chat API's names, importable from here)
     BUILTIN_TEMPLATES,
     builtin_template_name,
     header_text,
@@ -21,6 +20,7 @@ from samplechain.runtime.chat_template import (  # noqa: F401  (the chat API's n
     render,
     starts_with_bos,
 )
+from samplechain.params import CommonSampler, SamplingParams
 from samplechain.runtime.decoding import Decoder, Rules, Timings, device_sampler, stream_text
 from samplechain.runtime.sequence import Sequence as CacheSequence
 

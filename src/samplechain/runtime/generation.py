@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
+from samplechain.chat.template import apply_template, header_tokens, starts_with_bos
 from samplechain.gguf import GGUFFile
 from samplechain.params import CommonSampler, SamplingParams
-from samplechain.runtime.chat_template import apply_template, header_tokens, starts_with_bos
 from samplechain.runtime.context import Context
 from samplechain.runtime.decoding import Decoder, Rules, Timings, device_sampler, stream_text
 from samplechain.runtime.kernels import choose_kernel

@@ -26,7 +26,14 @@ from starlette.requests import ClientDisconnect
 
 from samplechain.server import request as rq
 from samplechain.server import responses as rs
-from samplechain.server import routes_embeddings, routes_native, routes_openai, visualizer
+from samplechain.server import (
+    routes_anthropic,
+    routes_embeddings,
+    routes_native,
+    routes_openai,
+    routes_responses,
+    visualizer,
+)
 from samplechain.server.request import MAX_BODY, APIError
 from samplechain.server.responses import reply
 from samplechain.server.run import ClientGone
@@ -98,16 +105,16 @@ class Gate:
         if (origin is not None and not any(k == b"access-control-allow-origin" for k, _ in cors)
                 and not _same_origin(origin, headers.get("host")) and path not in PUBLIC_PATHS):
             # a page of another site: without a preflight (a text/plain POST) it could still start work here
-            await _error(send_with, APIError(403, f"Origin {origin!r} is not allowed (see --cors-origins)",
+            await _error(send_with, path, APIError(403, f"Origin {origin!r} is not allowed (see --cors-origins)",
                                              "permission_error"))
             return
         frontend = path in FRONTEND_PATHS or path.startswith(visualizer.ASSET_PREFIX)
         if not self.state.config.ui and frontend and path != "/sw.js":  # --no-ui (the worker that removes itself stays)
-            await _error(send_with, APIError(404, "File Not Found", "not_found_error"))
+            await _error(send_with, path, APIError(404, "File Not Found", "not_found_error"))
             return
         if not self.state.ready.is_set() and not frontend:  # the page may load (and show that the model loads)
             message = "Loading model" if self.state.error is None else f"Model failed to load: {self.state.error}"
-            await _error(send_with, APIError(503, message, "unavailable_error"))
+            await _error(send_with, path, APIError(503, message, "unavailable_error"))
             return
         keys = self.state.config.api_keys
         if keys and path not in PUBLIC_PATHS and not frontend:
@@ -116,11 +123,11 @@ class Gate:
             if given is None:
                 given = headers.get("x-api-key")
             if given not in keys:
-                await _error(send_with, APIError(401, "Invalid API Key", "authentication_error"))
+                await _error(send_with, path, APIError(401, "Invalid API Key", "authentication_error"))
                 return
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > MAX_BODY:
-            await _error(send_with, APIError(413, "Payload Too Large", "invalid_request_error"))
+            await _error(send_with, path, APIError(413, "Payload Too Large", "invalid_request_error"))
             return
         try:
             await self.app(scope, receive, send_with)
@@ -143,8 +150,8 @@ async def _plain(send: Callable, status: int, body: bytes, ctype: bytes) -> None
     await send({"type": "http.response.body", "body": body})
 
 
-async def _error(send: Callable, e: APIError) -> None:
-    await _plain(send, e.code, rs.json_bytes(e.body()), b"application/json; charset=utf-8")
+async def _error(send: Callable, path: str, e: APIError) -> None:
+    await _plain(send, e.code, rs.json_bytes(rs.error_body(path, e)), b"application/json; charset=utf-8")
 
 
 # --- the application --------------------------------------------------------------------------------------------
@@ -155,16 +162,18 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="samplechain", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(APIError)
-    async def api_error(_: Request, e: APIError) -> Response:
-        return reply(e.body(), e.code)
+    async def api_error(req: Request, e: APIError) -> Response:
+        return reply(rs.error_body(req.url.path, e), e.code)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, e: StarletteHTTPException) -> Response:
+    async def http_error(req: Request, e: StarletteHTTPException) -> Response:
         if e.status_code == 404:
-            return reply(APIError(404, "File Not Found", "not_found_error").body(), 404)
-        if e.status_code == 405:
-            return reply(APIError(405, "Method Not Allowed", "invalid_request_error").body(), 405)
-        return reply(APIError(e.status_code, str(e.detail), "server_error").body(), e.status_code)
+            err = APIError(404, "File Not Found", "not_found_error")
+        elif e.status_code == 405:
+            err = APIError(405, "Method Not Allowed", "invalid_request_error")
+        else:
+            err = APIError(e.status_code, str(e.detail), "server_error")
+        return reply(rs.error_body(req.url.path, err), e.status_code)
 
     @app.exception_handler(ClientGone)
     @app.exception_handler(ClientDisconnect)  # gone while sending its body
@@ -172,11 +181,11 @@ def create_app(state: ServerState) -> FastAPI:
         return Response(status_code=499)  # nobody reads it: the connection is closed
 
     @app.exception_handler(Exception)
-    async def server_error(_: Request, e: Exception) -> Response:
-        return reply(APIError(500, f"{type(e).__name__}: {e}", "server_error").body(), 500)
+    async def server_error(req: Request, e: Exception) -> Response:
+        return reply(rs.error_body(req.url.path, APIError(500, f"{type(e).__name__}: {e}", "server_error")), 500)
 
-    for router in (routes_native.router(state), routes_openai.router(state), routes_embeddings.router(state),
-                   visualizer.router(state)):
+    for router in (routes_native.router(state), routes_openai.router(state), routes_anthropic.router(state),
+                   routes_responses.router(state), routes_embeddings.router(state), visualizer.router(state)):
         app.include_router(router)
     return app
 

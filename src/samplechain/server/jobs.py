@@ -7,12 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from samplechain.chat import ChatOptions, ChatParams, ToolRequest
 from samplechain.grammar.json_schema import server_response_schema
 from samplechain.params import SamplingParams
 from samplechain.server import request as rq
-from samplechain.server import responses as rs
 from samplechain.server.request import APIError, Options, bad_request
-from samplechain.server.tool_calls import ChatPrompt
 
 if TYPE_CHECKING:
     from samplechain.server.state import ServerState
@@ -73,10 +72,8 @@ def prepare_completion(state: ServerState, body: dict[str, Any]) -> tuple[Sampli
     return params, opts, jobs(state, params, opts, prompts)
 
 
-def prepare_chat(state: ServerState, body: dict[str, Any]) -> tuple[SamplingParams, Options, list[Job], ChatPrompt]:
-    """A chat request's parameters, its prompt tokens (through the chat template) and its ``ChatPrompt``: the
-    generation prompt and the chat format, whose grammar (tool calls) replaces the request's grammar fields."""
-    n_ctx = state.running_engine.n_ctx_slot
+def prepare_chat(state: ServerState, body: dict[str, Any]) -> tuple[SamplingParams, Options, list[Job], ChatParams]:
+    """An OpenAI chat request's parameters, its prompt tokens (through the chat layer) and its ``ChatParams``."""
     if not state.config.use_jinja:  # built-in templates render no tools (llama-server's messages)
         if isinstance(body.get("tools"), list) and body["tools"]:
             raise bad_request("tools param requires --jinja flag")
@@ -84,18 +81,38 @@ def prepare_chat(state: ServerState, body: dict[str, Any]) -> tuple[SamplingPara
             raise bad_request("tool_choice param requires --jinja flag")
     try:
         fields = {**body, **rq.response_format(body), **rq.chat_logprobs(body)}
-        schema = fields.get("json_schema")
-        chat = rq.chat_setup(state.model, body, n_ctx,
-                             json_schema=None if schema is None else server_response_schema(schema))
-        fmt = chat.format
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+    messages = rq.chat_messages(body)
+    request = rq.tool_request(body)
+    if request is not None and request.choice != "none" and body.get("grammar") is not None:
+        raise bad_request("Cannot use custom grammar constraints with tools.")
+    schema = fields.get("json_schema")
+    options = rq.chat_options(body, None if schema is None else server_response_schema(schema),
+                              state.config.reasoning_format)
+    return prepare_messages(state, fields, messages, request, options)
+
+
+def prepare_messages(state: ServerState, fields: dict[str, Any], messages: list[dict[str, Any]],
+                     request: ToolRequest | None, options: ChatOptions,
+                     ) -> tuple[SamplingParams, Options, list[Job], ChatParams]:
+    """A chat request of any protocol, translated to messages, tools, chat options and llama-server's sampling
+    fields: its parameters, its tasks and its ``ChatParams``. The chat format's grammar (tool calls) replaces the
+    request's grammar fields; its stops are added to the request's."""
+    n_ctx = state.running_engine.n_ctx_slot
+    if request is not None and not state.config.use_jinja:
+        raise bad_request("tools param requires --jinja flag")
+    chat = rq.chat_apply(state.model, messages, request, options, n_ctx)
+    fmt = chat.format
+    try:
         if fmt.parse_tools:
-            if body.get("stream") and body.get("logprobs"):
+            if fields.get("stream") and fields.get("logprobs"):
                 raise bad_request("logprobs is not supported with tools + stream")
             fields["json_schema"] = None  # the format's grammar holds the response schema, if any
             if fmt.stops:
                 stop = fields.get("stop") or []
                 fields["stop"] = [*([stop] if isinstance(stop, str) else stop), *fmt.stops]
-        if chat.generation_prompt and "generation_prompt" not in body:
+        if chat.generation_prompt and "generation_prompt" not in fields:
             fields["generation_prompt"] = chat.generation_prompt
         params, opts = prepare(state, fields)
         if fmt.parse_tools:  # the format's grammar is the whole grammar; its size is bounded by the tools' limits
@@ -106,8 +123,8 @@ def prepare_chat(state: ServerState, body: dict[str, Any]) -> tuple[SamplingPara
         raise bad_request(str(e)) from None
     if params.reasoning_budget_tokens >= 0 and not params.reasoning_budget_start_tag:
         # a thinking budget from the request: the thinking block's tags, as the chat format gives them
-        params = replace(params, reasoning_budget_start_tag=rs.ReasoningSplitter.START,
-                         reasoning_budget_end_tags=(rs.ReasoningSplitter.END,))
+        start, end = chat.syntax.tags
+        params = replace(params, reasoning_budget_start_tag=start, reasoning_budget_end_tags=(end,))
     tokens = rq.tokenize_mixed(state.model, chat.prompt, n_ctx=n_ctx)
     check_fits(state, tokens)
     return params, opts, jobs(state, params, opts, [tokens]), chat

@@ -6,12 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from samplechain.runtime.chat import starts_with_bos
-from samplechain.runtime.chat_template import _token_text as token_text
-from samplechain.runtime.chat_template import builtin_template_name
+from samplechain import chat
+from samplechain.chat import ChatOptions, ChatParams, ChatTemplate, ToolRequest
+from samplechain.chat.template import starts_with_bos
 from samplechain.runtime.generation import Model
-from samplechain.server.limits import MAX_COMPLETIONS, MAX_MESSAGES, APIError, bad_request
-from samplechain.server.tool_calls import ChatPrompt, parse_tool_request, render_chat, tool_caps
+from samplechain.server.limits import MAX_COMPLETIONS, MAX_MESSAGES, APIError, bad_request, check_schema
 
 
 def max_prompt_chars(model: Model, n_ctx: int) -> int:
@@ -151,58 +150,68 @@ def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         out.append(msg)
     if len(out) >= 2 and out[-1]["role"] == "assistant" and out[-2]["role"] == "assistant":
         raise bad_request("Cannot have 2 or more assistant messages at the end of the list.")
+    if out and out[-1]["role"] == "assistant" and isinstance(messages[-1].get("content"), list):
+        out[-1]["content"] = messages[-1]["content"]  # a prefill joins its parts with a blank line (chat.apply)
     return out
 
 
-def chat_setup(model: Model, body: Mapping[str, Any], n_ctx: int | None = None,
-               json_schema: Any = None) -> ChatPrompt:
-    """A chat request's prompt, the generation prompt it ends with (the assistant header, or a prefilled message)
-    and its chat format (tools, their grammar and parser: ``tool_calls``). ``json_schema``: the request's response
-    schema, which the generic format folds into its grammar when there are tools. With ``n_ctx``, messages whose
-    text cannot fit are refused before the template renders them."""
-    messages = chat_messages(body)
-    check_length(model, sum(len(m["content"]) for m in messages), n_ctx)
+def tool_request(body: Mapping[str, Any]) -> ToolRequest | None:
+    """A request's ``tools``, ``tool_choice`` and ``parallel_tool_calls`` (OpenAI's shapes; the other protocols
+    translate theirs to them), checked and with their schemas within the schema limits."""
+    try:
+        request = chat.parse_tool_request(body)
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+    if request is not None:
+        try:
+            check_schema([t["function"]["parameters"] for t in request.tools])
+        except APIError as e:
+            raise bad_request(e.message.replace("Field 'json_schema': the schema", "Field 'tools': the schemas")
+                              ) from None
+    return request
+
+
+def chat_options(body: Mapping[str, Any], json_schema: Any = None, reasoning_format: str = "auto") -> ChatOptions:
+    """A chat request's options: ``add_generation_prompt``, ``continue_final_message``, ``chat_template_kwargs``
+    (``enable_thinking`` among them; ``reasoning_effort: none`` turns thinking off) and ``reasoning_format``."""
     add_gen = body.get("add_generation_prompt", True)
     cont = body.get("continue_final_message", False)
     if not isinstance(add_gen, bool) or not isinstance(cont, bool):
         raise bad_request("add_generation_prompt and continue_final_message must be true or false")
-    if add_gen and cont:
-        raise bad_request("Cannot set both add_generation_prompt and continue_final_message to true.")
-    request = parse_tool_request(body)
-    if request is not None and request.choice != "none" and body.get("grammar") is not None:
-        raise bad_request("Cannot use custom grammar constraints with tools.")
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, Mapping):
         raise bad_request("'chat_template_kwargs' must be an object")
     thinking = kwargs.get("enable_thinking", False if body.get("reasoning_effort") == "none" else None)
     if thinking is not None and not isinstance(thinking, bool):
         raise bad_request(f'invalid type for "enable_thinking" (expected boolean, got {type(thinking).__name__})')
-    extra = {k: v for k, v in kwargs.items() if k != "enable_thinking"}
+    fmt = body.get("reasoning_format", reasoning_format)
+    if not isinstance(fmt, str):
+        raise bad_request("'reasoning_format' must be a string")
+    return ChatOptions(add_gen, cont, thinking, {k: v for k, v in kwargs.items() if k != "enable_thinking"},
+                       json_schema, fmt)
 
-    def render(msgs: list[dict[str, Any]], add_generation_prompt: bool, tools: list[dict[str, Any]] | None,
-               variables: dict[str, Any]) -> str:  # a template's ValueError is a 400
-        return model.apply_chat_template(msgs, add_generation_prompt, enable_thinking=thinking,
-                                         template_kwargs={**extra, **variables}, tools=tools)
 
-    vocab = model.vocab
-    source = vocab.chat_template or ""
-    key = source or "builtin:" + builtin_template_name(vocab)
-    caps = tool_caps(render, (key, token_text(vocab, vocab.bos), token_text(vocab, vocab.eos)))
+def chat_apply(model: Model, messages: list[dict[str, Any]], tools: ToolRequest | None, options: ChatOptions,
+               n_ctx: int | None = None) -> ChatParams:
+    """The chat layer's ``apply`` over the model's template; with ``n_ctx``, messages whose text cannot fit are
+    refused before the template renders them. Its ``ValueError``s are 400s."""
+    check_length(model, sum(len(_content_text(m.get("content"))) for m in messages), n_ctx)
+    try:
+        return chat.apply(ChatTemplate.of(model.vocab), messages, tools, options)
+    except ValueError as e:
+        raise bad_request(str(e)) from None
 
-    def setup(msgs: list[dict[str, Any]], add_generation_prompt: bool) -> ChatPrompt:
-        return render_chat(render, source, caps, msgs, request, add_generation_prompt, enable_thinking=thinking,
-                           json_schema=json_schema)
 
-    prefill = messages and messages[-1]["role"] == "assistant" and (add_gen or cont)
-    if prefill:  # assistant prefill: continue the last message
-        if messages[-1].get("tool_calls"):
-            raise bad_request("Cannot continue an assistant message that contains tool calls.")
-        head = setup(messages[:-1], True)
-        content = _content_text(body["messages"][-1].get("content"), "\n\n")
-        return ChatPrompt(head.prompt + content, content, head.format)
-    if not messages:
-        raise bad_request("'messages' must not be empty")
-    return setup(messages, add_gen)
+def chat_setup(model: Model, body: Mapping[str, Any], n_ctx: int | None = None, json_schema: Any = None,
+               reasoning_format: str = "auto") -> ChatParams:
+    """An OpenAI chat request's ``ChatParams``: its prompt, the generation prompt it ends with (the assistant
+    header, or a prefilled message) and its chat format (tools, their grammar and parser). ``json_schema``: the
+    request's response schema, which the generic format folds into its grammar when there are tools."""
+    messages = chat_messages(body)
+    request = tool_request(body)
+    if request is not None and request.choice != "none" and body.get("grammar") is not None:
+        raise bad_request("Cannot use custom grammar constraints with tools.")
+    return chat_apply(model, messages, request, chat_options(body, json_schema, reasoning_format), n_ctx)
 
 
 def chat_prompt(model: Model, body: Mapping[str, Any], n_ctx: int | None = None) -> tuple[str, str]:

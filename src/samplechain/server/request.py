@@ -45,13 +45,16 @@ from samplechain.server.limits import (  # noqa: F401  (the request API's names,
     check_schema,
 )
 from samplechain.server.prompts import (  # noqa: F401  (the request API's names, importable from here)
+    chat_apply,
     chat_messages,
+    chat_options,
     chat_prompt,
     chat_setup,
     check_length,
     max_prompt_chars,
     prompts,
     tokenize_mixed,
+    tool_request,
 )
 from samplechain.server.sampling_fields import FieldError, parse_sampling_fields
 

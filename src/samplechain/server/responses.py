@@ -11,10 +11,10 @@ from typing import Any
 
 from fastapi.responses import Response
 
+from samplechain.chat import ChatMessage, ChatSyntax, MessageDiff, MessageStream, parse, tool_call_id
 from samplechain.params import SamplingParams
 from samplechain.runtime.decoding import Timings
 from samplechain.runtime.events import Error, Final, Progress, Token
-from samplechain.server import tool_calls as tc
 from samplechain.server.request import APIError, Options, finite
 
 BUILD_INFO = "b1-samplechain"
@@ -44,6 +44,21 @@ def _finite(obj: Any) -> Any:
 def reply(obj: Any, status: int = 200) -> Response:
     """A JSON response as llama-server sends it."""
     return Response(json_bytes(obj), status_code=status, media_type="application/json; charset=utf-8")
+
+
+ANTHROPIC_PREFIXES = ("/v1/messages", "/messages")  # the routes that answer errors in Anthropic's shape
+_ANTHROPIC_KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                    501: "api_error", 503: "overloaded_error"}
+
+
+def error_body(path: str, e: APIError) -> dict[str, Any]:
+    """An error's body in the API's own shape: Anthropic's (``{"type": "error", "error": {"type", "message"}}``)
+    on the Messages routes, llama-server's (OpenAI's, with a numeric ``code``) elsewhere."""
+    if path.startswith(ANTHROPIC_PREFIXES):
+        kind = _ANTHROPIC_KINDS.get(e.code, "api_error" if e.code >= 500 else "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": e.message}}
+    return e.body()
 
 
 def error_event(ev: Error) -> APIError:
@@ -209,23 +224,33 @@ def oai_completion_chunk(ev: Token | Final, index: int, env: dict[str, Any]) -> 
     return {"choices": [{"text": ev.text, "index": index, "logprobs": probs, "finish_reason": None}], **env}
 
 
-def oai_chat(finals: list[Final], cid: str, model: str, reasoning: list[tuple[str, str]],
-             with_logprobs: bool, tool_format: str | None = None) -> dict[str, Any]:
-    """A chat completion; with ``tool_format``, each answer is parsed for tool calls in that chat format."""
+def message_json(msg: ChatMessage) -> dict[str, Any]:
+    """A parsed answer as an OpenAI message's ``content``, ``tool_calls`` and ``reasoning_content`` fields."""
+    out: dict[str, Any] = {"content": msg.content}
+    if msg.tool_calls:
+        out["tool_calls"] = [{"type": "function", "function": {"name": tc.name, "arguments": tc.arguments},
+                              "id": tc.id} for tc in msg.tool_calls]
+    if msg.reasoning_content:
+        out["reasoning_content"] = msg.reasoning_content
+    return out
+
+
+def parse_final(text: str, syntax: ChatSyntax) -> ChatMessage:
+    """A whole answer through the chat layer, each tool call with an id (the model's, else a random one)."""
+    msg = parse(text, syntax)
+    for call in msg.tool_calls:
+        call.id = call.id or tool_call_id()
+    return msg
+
+
+def oai_chat(finals: list[Final], cid: str, model: str, syntax: ChatSyntax, with_logprobs: bool) -> dict[str, Any]:
+    """A chat completion, each answer read by the chat layer (reasoning, content, tool calls)."""
     choices = []
     for i, f in enumerate(finals):
-        thought, content = reasoning[i]
-        message: dict[str, Any] = {"role": "assistant", "content": content}
-        calls = False
-        if tool_format is not None:
-            parsed = tc.parse_message(tool_format, content)
-            for call in parsed.tool_calls:
-                call.id = call.id or tc.tool_call_id()
-            message.update(tc.message_json(parsed))
-            calls = bool(parsed.tool_calls)
-        if thought:
-            message["reasoning_content"] = thought
-        choice: dict[str, Any] = {"finish_reason": finish_reason(f, calls), "index": i, "message": message}
+        msg = parse_final(f.content, syntax)
+        message: dict[str, Any] = {"role": "assistant", **message_json(msg)}
+        choice: dict[str, Any] = {"finish_reason": finish_reason(f, bool(msg.tool_calls)), "index": i,
+                                  "message": message}
         if with_logprobs:
             choice["logprobs"] = {"content": f.probs}
         choices.append(choice)
@@ -233,20 +258,45 @@ def oai_chat(finals: list[Final], cid: str, model: str, reasoning: list[tuple[st
             "timings": finals[0].timings}
 
 
-class ChatStream:
-    """A streamed chat completion's chunks, event by event: each choice's role first, its reasoning split off its
-    content, logprobs and timings as asked, then its finish reason; the usage at the end (``include_usage``)."""
+def oai_deltas(diffs: list[MessageDiff], merge: bool) -> list[dict[str, Any]]:
+    """The chat layer's differences as OpenAI ``delta``s (``server_chat_msg_diff_to_json_oaicompat``); ``merge``:
+    reasoning and content of one update ride in one delta (an answer without tool parsing)."""
+    out: list[dict[str, Any]] = []
+    for d in diffs:
+        if d.reasoning:
+            out.append({"reasoning_content": d.reasoning})
+        elif d.content:
+            if merge and out and "content" not in out[-1] and "tool_calls" not in out[-1]:
+                out[-1]["content"] = d.content
+            else:
+                out.append({"content": d.content})
+        elif d.tool_index >= 0:
+            entry: dict[str, Any] = {"index": d.tool_index}
+            fn: dict[str, Any] = {}
+            if d.header:
+                entry["id"], entry["type"] = d.tool_id, "function"
+                fn["name"] = d.tool_name
+            if d.tool_arguments:
+                fn["arguments"] = d.tool_arguments
+            if fn:
+                entry["function"] = fn
+            out.append({"tool_calls": [entry]})
+    return out
 
-    def __init__(self, cid: str, model: str, created: int, opts: Options, thinking: bool, started: bool,
-                 with_logprobs: bool, tool_format: str | None = None) -> None:
+
+class ChatStream:
+    """A streamed chat completion's chunks, event by event: each choice's role first, its reasoning, content and
+    tool calls as the chat layer reads them, logprobs and timings as asked, then its finish reason; the usage at
+    the end (``include_usage``)."""
+
+    def __init__(self, cid: str, model: str, created: int, opts: Options, syntax: ChatSyntax,
+                 with_logprobs: bool) -> None:
         self.cid, self.model, self.created, self.opts = cid, model, created, opts
         self.with_logprobs = with_logprobs
-        self.splitters = [ReasoningSplitter(thinking, started) for _ in range(opts.n_cmpl)]
-        # with tools: each choice's answer parsed as it streams, one chunk per delta (llama-server's diffs)
-        self.messages = [tc.MessageStream(tool_format) for _ in range(opts.n_cmpl)] if tool_format else None
+        self.syntax = syntax
+        self.messages = [MessageStream(syntax) for _ in range(opts.n_cmpl)]
         self.role_sent = [False] * opts.n_cmpl
         self.finals: list[Final] = []
-
     def envelope(self) -> dict[str, Any]:
         return oai_envelope("chat.completion.chunk", self.cid, self.model, self.created)
 
@@ -265,15 +315,8 @@ class ChatStream:
             out.append({"choices": [{"finish_reason": None, "index": index,
                                      "delta": {"role": "assistant", "content": None}}], **env})
         token = ev if isinstance(ev, Token) else None
-        thought, content = self.splitters[index].push("" if token is None else token.text, final=token is None)
-        deltas: list[dict[str, Any]] = [{"reasoning_content": thought}] if thought else []
-        if self.messages is not None:
-            deltas += self.messages[index].update(content, final=token is None)
-        elif content:
-            if deltas:
-                deltas[0]["content"] = content
-            else:
-                deltas.append({"content": content})
+        diffs = self.messages[index].update("" if token is None else token.text, final=token is None)
+        deltas = oai_deltas(diffs, merge=not self.syntax.parse)
         logprobs = token is not None and token.probs is not None and self.with_logprobs
         if logprobs and not deltas:
             deltas.append({})
@@ -286,7 +329,7 @@ class ChatStream:
             out.append(chunk)
         if isinstance(ev, Final):
             self.finals.append(ev)
-            calls = self.messages is not None and bool(self.messages[index].msg.tool_calls)
+            calls = bool(self.messages[index].msg.tool_calls)
             last: dict[str, Any] = {"choices": [{"finish_reason": finish_reason(ev, calls), "index": index,
                                                  "delta": {}}], **env}
             if not self.opts.include_usage:
@@ -299,55 +342,3 @@ class ChatStream:
         if not self.opts.include_usage or not self.finals:
             return None
         return {"choices": [], **self.envelope(), "usage": usage(self.finals), "timings": self.finals[-1].timings}
-
-
-class ReasoningSplitter:
-    """Splits a thinking model's ``<think> ... </think>`` block off the answer, as text streams in.
-
-    ``started`` says the prompt already opened the block (a generation prompt ending in ``<think>``)."""
-
-    START, END = "<think>", "</think>"
-
-    def __init__(self, enabled: bool, started: bool = False) -> None:
-        self.enabled = enabled
-        self.state = "think" if enabled and started else ("start" if enabled else "content")
-        self.pending = ""
-
-    def push(self, text: str, final: bool = False) -> tuple[str, str]:
-        """(reasoning, content) released by this text; text that may be a partial tag is held back."""
-        if self.state == "content":
-            return "", text
-        self.pending += text
-        thought, content = "", ""
-        while True:
-            if self.state == "start":
-                stripped = self.pending.lstrip()
-                if stripped.startswith(self.START):
-                    self.pending = stripped[len(self.START):]
-                    self.state = "think"
-                    continue
-                if not final and self.START.startswith(stripped):
-                    return thought, content  # maybe the start tag, still coming
-                self.state, content, self.pending = "content", content + self.pending, ""
-                return thought, content
-            if self.state == "think":
-                at = self.pending.find(self.END)
-                if at >= 0:
-                    thought += self.pending[:at]
-                    self.pending = self.pending[at + len(self.END):].lstrip("\n")
-                    self.state = "content"
-                    content += self.pending
-                    self.pending = ""
-                    return thought, content
-                keep = 0 if final else _partial_suffix(self.pending, self.END)
-                thought += self.pending[:len(self.pending) - keep]
-                self.pending = self.pending[len(self.pending) - keep:]
-                return thought, content
-            return thought, content + self.pending
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0

@@ -77,14 +77,9 @@ def router(state: ServerState) -> APIRouter:
     async def chat_completions(req: Request) -> Response:
         body = await rq.read_json(req)
         # templates, tokenizing and grammar compilation off the event loop: other streams keep flowing
-        params, opts, todo, chat_prompt = await asyncio.to_thread(prepare_chat, state, body)
-        generation_prompt = chat_prompt.generation_prompt
-        tool_format = chat_prompt.format.name if chat_prompt.format.parse_tools else None
+        params, opts, todo, chat = await asyncio.to_thread(prepare_chat, state, body)
         tokens = todo[0].tokens
         vocab = state.model.vocab
-        reasoning_format = body.get("reasoning_format", config.reasoning_format)
-        thinking = reasoning_format != "none"
-        started = generation_prompt.rstrip().endswith(rs.ReasoningSplitter.START)
         with_logprobs = params.n_probs > 0 and bool(body.get("logprobs"))
         run = Run(state.running_engine, req.is_disconnected)
         for k, job in enumerate(todo):
@@ -92,23 +87,22 @@ def router(state: ServerState) -> APIRouter:
         cid, model_id = rs.completion_id(), state.model_id
         if not opts.stream:
             finals = await run.finals()
-            split = [rs.ReasoningSplitter(thinking, started).push(f.content, final=True) for f in finals]
-            out = rs.oai_chat(finals, cid, model_id, split, with_logprobs, tool_format)
+            out = rs.oai_chat(finals, cid, model_id, chat.syntax, with_logprobs)
             if opts.verbose:
                 out["__verbose"] = {"prompt": vocab.detokenize(tokens), "content": finals[0].content}
             return reply(out)
         await run.started()
-        chat = rs.ChatStream(cid, model_id, int(time.time()), opts, thinking, started, with_logprobs, tool_format)
+        stream = rs.ChatStream(cid, model_id, int(time.time()), opts, chat.syntax, with_logprobs)
 
         async def events() -> AsyncIterator[bytes]:
             async for index, ev in run.events():
                 if isinstance(ev, Error):
                     yield sse(error_event(ev).body())
                     return
-                chunks = chat.chunks(index, ev)
+                chunks = stream.chunks(index, ev)
                 if chunks:
                     yield b"".join(map(sse, chunks))
-            last = chat.usage_chunk()
+            last = stream.usage_chunk()
             if last is not None:
                 yield sse(last)
             yield b"data: [DONE]\n\n"

@@ -141,7 +141,8 @@ def chat_template(gguf_template: str | None, override: str | None, use_jinja: bo
     without (``--no-jinja``), it stands for the built-in template llama.cpp detects from it, and one it cannot
     detect is refused. None: the GGUF has none (the runtime's built-in one for its turn markers). ValueError with
     llama-server's message when the template cannot be used."""
-    from samplechain.runtime.chat_template import BUILTINS, detect_builtin, template_caps
+    from samplechain.chat.builtin import BUILTINS, detect_builtin
+    from samplechain.chat.template import template_caps
 
     source = override if override else gguf_template
     if not source:

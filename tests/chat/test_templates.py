@@ -16,17 +16,9 @@ import datetime
 import pytest
 
 from llama_tree import template_file, vocab_file
-from samplechain.runtime.chat_template import (
-    BUILTINS,
-    apply_builtin,
-    apply_template,
-    builtin_template_name,
-    detect_builtin,
-    normalize_messages,
-    render,
-    template_caps,
-    tojson,
-)
+from samplechain.chat.builtin import BUILTINS, apply_builtin, builtin_template_name, detect_builtin
+from samplechain.chat.messages import normalize_messages
+from samplechain.chat.template import apply_template, render, template_caps, tojson
 from samplechain.vocab import Vocab
 
 NOW = datetime.datetime(2025, 3, 9, 14, 30)  # what strftime_now / date_string show

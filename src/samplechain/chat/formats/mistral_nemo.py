@@ -1,0 +1,70 @@
+"""Mistral Nemo's tool calls (``common_chat_params_init_mistral_nemo``): ``[TOOL_CALLS]`` then an array of
+``{"name", "arguments", "id"}`` with 9-character ids."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from samplechain.chat.formats.base import Format, FormatParams, ToolSetup
+from samplechain.chat.json_scan import Invalid, call_object, held_back, items, skip_ws
+from samplechain.chat.messages import ChatMessage
+from samplechain.chat.tools import tool_names
+from samplechain.grammar.json_schema import GrammarBuilder
+from samplechain.params.checks import TRIGGER_WORD
+
+MISTRAL_NEMO = "Mistral Nemo"
+
+
+class MistralNemo(Format):
+    """``[TOOL_CALLS][...]``: the template writes ``[TOOL_CALLS]``."""
+
+    name: ClassVar[str] = MISTRAL_NEMO
+
+    @classmethod
+    def matches(cls, source: str) -> bool:
+        return "[TOOL_CALLS]" in source
+
+    def params(self, setup: ToolSetup) -> FormatParams:
+        return _mistral_nemo(setup.request.tools, setup.required, setup.parallel)
+
+    def parse(self, text: str, final: bool) -> ChatMessage:
+        return _parse_nemo(text, final)
+
+
+def _mistral_nemo(tools: Sequence[Mapping[str, Any]], required: bool, parallel: bool) -> FormatParams:
+    """``[TOOL_CALLS]`` then an array of calls with 9-character ids."""
+    schemas = [{"type": "object", "properties": {
+        "name": {"type": "string", "const": name}, "arguments": params,
+        "id": {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}}, "required": ["name", "arguments", "id"]}
+        for name, params in tool_names(tools)]
+    schema: dict[str, Any] = {"type": "array", "items": schemas[0] if len(schemas) == 1 else {"anyOf": schemas},
+                              "minItems": 1}
+    if not parallel:
+        schema["maxItems"] = 1
+    b = GrammarBuilder()
+    b.add_rule("root", f'{b.literal("[TOOL_CALLS]")} {b.add_schema("tool_calls", schema)}')
+    return FormatParams(MISTRAL_NEMO, True, b.text(), not required, ((TRIGGER_WORD, "[TOOL_CALLS]"),),
+                      ("[TOOL_CALLS]",))
+
+
+def _parse_nemo(text: str, final: bool) -> ChatMessage:
+    at = text.find("[TOOL_CALLS]")
+    if at < 0:
+        return ChatMessage(text if final else text[:held_back(text, ("[TOOL_CALLS]",))])
+    msg = ChatMessage(text[:at])
+    start = skip_ws(text, at + len("[TOOL_CALLS]"))
+    if start >= len(text):
+        if final:
+            raise Invalid("expected an array of tool calls")
+        return msg
+    calls, end = items(text, start, final)
+    for a, _ in calls:
+        call, _ = call_object(text, a, final)
+        if call is not None:
+            msg.tool_calls.append(call)
+    if end is None and final:
+        raise Invalid("incomplete tool calls")
+    if end is not None:
+        msg.content += text[skip_ws(text, end):]
+    return msg
