@@ -2,9 +2,9 @@
 
 import pytest
 
+from samplechain.chat.reasoning import ReasoningSplitter
 from samplechain.runtime.decoding import complete_utf8 as _complete_utf8
 from samplechain.runtime.decoding import find_stop, partial_stop
-from samplechain.chat.reasoning import ReasoningSplitter
 
 
 def test_find_stop_takes_the_earliest_hit_near_the_end():

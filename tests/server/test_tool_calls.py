@@ -12,7 +12,15 @@ from tests.server.conftest import live_server
 
 from samplechain.chat import ChatMessage as ParsedMessage
 from samplechain.chat import ChatSyntax, MessageStream, ToolCall, parse_tool_request
-from samplechain.chat.formats import GENERIC, HERMES_2_PRO, LLAMA_3_X, LLAMA_3_X_BUILTIN, MISTRAL_NEMO, ToolSetup, detect
+from samplechain.chat.formats import (
+    GENERIC,
+    HERMES_2_PRO,
+    LLAMA_3_X,
+    LLAMA_3_X_BUILTIN,
+    MISTRAL_NEMO,
+    ToolSetup,
+    detect,
+)
 from samplechain.chat.parse import parse_content
 from samplechain.chat.template import BUILTIN_TEMPLATES
 from samplechain.grammar.engine import Grammar
