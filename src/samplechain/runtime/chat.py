@@ -12,6 +12,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from samplechain import chat
+from samplechain.chat import ChatOptions, ChatTemplate
 from samplechain.chat.template import (  # noqa: F401  (the chat API's names, importable from here)
     BUILTIN_TEMPLATES,
     builtin_template_name,
@@ -47,11 +49,17 @@ class ChatSession:
         self.ctx.clear()
         self.seq = CacheSequence(self.ctx)
         self.template = template  # False: plain text turns (llama-cli's interactive mode without a chat template)
+        self.chat_template = ChatTemplate.of(model.vocab)
         self.messages: list[dict[str, str]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
         self.n_keep = header_tokens(model, system_prompt) if template else int(model.vocab.add_bos)
         self.pending: list[int] = []  # sampled and accepted, not yet in the cache
         self.speculation = speculation  # drafts verified by sample-and-compare: the same answers as without
         self.timings = Timings(load_ms=model.load_ms, kernel=model.transformer.kernel)
+
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        """The conversation's prompt through the chat layer (``chat.apply``) and the model's template."""
+        options = ChatOptions(add_generation_prompt=add_generation_prompt)
+        return chat.apply(self.chat_template, messages, None, options).prompt
 
     @property
     def n_past(self) -> int:
@@ -69,12 +77,12 @@ class ChatSession:
         if not self.template:
             tokens = self.pending + m.tokenize(text, add_special=self.n_past == 0 and not self.pending)
         elif any(msg["role"] != "system" for msg in self.messages):
-            new = m.apply_chat_template([*self.messages, user])
-            past = m.apply_chat_template(self.messages, add_generation_prompt=False)
+            new = self.render([*self.messages, user], True)
+            past = self.render(self.messages, False)
             delta = ("\n" if past.endswith("\n") else "") + new[len(past):]  # as common_chat_format_single
             tokens = self.pending + m.tokenize(delta, add_special=False)
         else:
-            new = m.apply_chat_template([*self.messages, user])
+            new = self.render([*self.messages, user], True)
             tokens = m.tokenize(new, add_special=not starts_with_bos(m.vocab, new))
         if not tokens:
             raise ValueError("nothing to send: the turn is empty")

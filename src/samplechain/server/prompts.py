@@ -4,6 +4,7 @@ tokenized, and tokenized or rendered (spec/server.md); apart from the other fiel
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from samplechain import chat
@@ -196,6 +197,9 @@ def chat_apply(model: Model, messages: list[dict[str, Any]], tools: ToolRequest 
     """The chat layer's ``apply`` over the model's template; with ``n_ctx``, messages whose text cannot fit are
     refused before the template renders them. Its ``ValueError``s are 400s."""
     check_length(model, sum(len(_content_text(m.get("content"))) for m in messages), n_ctx)
+    default = getattr(model, "enable_thinking", None)  # --reasoning on / off (state.served_model)
+    if default is not None and options.enable_thinking is None:
+        options = replace(options, enable_thinking=default)
     try:
         return chat.apply(ChatTemplate.of(model.vocab), messages, tools, options)
     except ValueError as e:

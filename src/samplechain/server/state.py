@@ -174,14 +174,5 @@ def served_model(model: Any, config: ServerConfig) -> Any:
     served = copy.copy(model)
     served.vocab = copy.copy(model.vocab)
     served.vocab.chat_template = template
-    if config.enable_thinking is not None:
-        default = {"enable_thinking": config.enable_thinking}
-        render = type(model).apply_chat_template
-
-        def apply_chat_template(messages: Any, add_generation_prompt: bool = True, *, template_kwargs: Any = None,
-                                **kwargs: Any) -> str:
-            kwargs["template_kwargs"] = {**default, **(template_kwargs or {})}
-            return render(served, messages, add_generation_prompt, **kwargs)
-
-        served.apply_chat_template = apply_chat_template
+    served.enable_thinking = config.enable_thinking  # the chat layer's default (``prompts.chat_apply``)
     return served
