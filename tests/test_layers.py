@@ -19,11 +19,12 @@ LAYERS = {
     "grammar": {"vocab", "candidates", "samplers"},
     "param_specs": {"samplers"},
     "params": {"chain", "grammar", "param_specs"},
-    "runtime": {"device", "params", "gguf"},
+    "chat": {"vocab", "grammar", "params"},
+    "runtime": {"device", "params", "gguf", "chat"},
     "speculative": {"runtime"},
     "trace": {"params", "runtime"},
     "integrations": {"device", "params"},
-    "server": {"runtime", "speculative", "trace"},
+    "server": {"runtime", "speculative", "trace", "chat"},
     "cli": {"server"},
 }
 
@@ -40,7 +41,7 @@ def below(layer: str) -> set[str]:
     return seen
 
 
-TORCH_FREE = ("candidates", "_numeric", "rng", "chain")  # torch is imported lazily or not at all there
+TORCH_FREE = ("candidates", "_numeric", "rng", "chain", "chat")  # torch is imported lazily or not at all there
 
 
 def imports(path: pathlib.Path) -> list[tuple[str, bool]]:

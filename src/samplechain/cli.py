@@ -246,6 +246,8 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--ui", "--webui", dest="ui", action="store_true", default=True,
                    help="serve the sampler-chain visualizer at / (default)")
     o.add_argument("--no-ui", "--no-webui", dest="ui", action="store_false")
+    o.add_argument("--responses-store", type=int, default=256, metavar="N",
+                   help="recent /v1/responses kept for previous_response_id (least recently used dropped; 0: none)")
     o.add_argument("--slot-save-path", default=None,
                    help="folder for POST /slots/{id}?action=save|restore (a slot's KV cells in a file)")
     o.add_argument("--jinja", dest="jinja", action="store_true", default=True,
@@ -499,7 +501,8 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         timeout=args.timeout, shutdown_grace=args.shutdown_grace, metrics=args.metrics, slots=args.slots,
         props=args.props, alias=tuple(a.strip() for a in (args.alias or "").split(",") if a.strip()),
         tags=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()), kv_unified=args.kv_unified,
-        ui=args.ui, slot_save_path=args.slot_save_path, use_jinja=args.jinja, chat_template=template,
+        ui=args.ui, slot_save_path=args.slot_save_path, responses_store=args.responses_store,
+        use_jinja=args.jinja, chat_template=template,
         reasoning_format=args.reasoning_format, enable_thinking=reasoning[args.reasoning],
         context_shift=args.context_shift, special=args.special, defaults=defaults)
     return run_server(config, log_level="debug" if args.verbose else args.log_level)

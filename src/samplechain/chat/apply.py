@@ -73,7 +73,7 @@ def apply(template: ChatTemplate, messages: Sequence[Mapping[str, Any]], tools: 
 def _apply(template: ChatTemplate, messages: list[dict[str, Any]], tools: ToolRequest | None,
            add_generation_prompt: bool, options: ChatOptions) -> ChatParams:
     fmt: Format = detect(template.source, tools, options.json_schema)
-    tool_list = list(tools.tools) if tools is not None else None
+    tool_list = list(tools.tools) if tools is not None and fmt.template_tools else None
     active = tools is not None and tools.choice != "none"
     caps = template.caps
     parallel = tools.parallel if tools is not None and tools.parallel is not None else caps.parallel_tool_calls

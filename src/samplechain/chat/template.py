@@ -36,7 +36,7 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -100,7 +100,7 @@ def _plain(value: Any) -> Any:
         return None
     if isinstance(value, Mapping):
         return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, Iterator)):  # an Iterator: a filter's generator (``map``)
         return [_plain(v) for v in value]
     return value
 

@@ -124,7 +124,8 @@ def probe_tools(render: Render, eos: str) -> ToolProbe:
 
     def renders_args(arguments: Any) -> bool:
         out = probe([user, _calls_message([_call("ipython", arguments)])])
-        return '"argument_needle":' in out or "'argument_needle':" in out
+        return ('"argument_needle":' in out or "'argument_needle':" in out
+                or "<parameter=argument_needle>" in out)  # minja's check for XML parameters (Qwen3-Coder)
 
     as_str, as_obj = renders_args(json.dumps(args)), renders_args(args)
     calls, obj_args = as_str or as_obj, not as_str and as_obj

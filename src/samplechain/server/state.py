@@ -12,6 +12,7 @@ from typing import Any
 
 from samplechain.server.engine import Engine
 from samplechain.server.request import Defaults
+from samplechain.server.responses_wire import ResponseStore
 
 
 @dataclass
@@ -42,6 +43,7 @@ class ServerConfig:
     tags: tuple[str, ...] = ()  # informational, in /v1/models (llama-server's --tags)
     kv_unified: bool = False  # the slots share one pool of n_ctx cells (--kv-unified)
     ui: bool = True  # the page at / (--no-ui: 404)
+    responses_store: int = 256  # recent /v1/responses kept for previous_response_id (--responses-store; 0: none)
     slot_save_path: str | None = None  # folder of /slots/{id}?action=save|restore files; None: 501
     use_jinja: bool = True  # --jinja (llama-server's default) / --no-jinja: built-in templates only
     chat_template: str | None = None  # --chat-template(-file): a built-in name or jinja source, over the GGUF's
@@ -68,6 +70,7 @@ class ServerState:
         self.ready = threading.Event()
         self.failed = threading.Event()
         self.started = time.time()
+        self.responses = ResponseStore(config.responses_store)  # /v1/responses kept for previous_response_id
 
     def start(self, model: Any = None, on_error: Callable[[], None] | None = None) -> threading.Thread:
         """Start the engine thread: it loads the model (unless given), then runs the engine. The model is only ever

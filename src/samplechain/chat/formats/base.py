@@ -49,6 +49,7 @@ class Format:
     reasoning: ClassVar[tuple[str, str] | None] = ("<think>", "</think>")  # the thinking block's tags
     system: ClassVar[str] = ""  # a line the format adds to the system prompt when tools are active
     always_parse: ClassVar[bool] = False  # its output is parsed even without tools (e.g. harmony's channels)
+    template_tools: ClassVar[bool] = True  # the template gets the tools (FireFunction's gets them as a variable)
 
     @classmethod
     def matches(cls, source: str) -> bool:
