@@ -424,3 +424,18 @@ def test_thinking_open_and_closed():
     assert r7b.prompt.endswith("<|CHATBOT_TOKEN|><|START_THINKING|><|END_THINKING|>")
     r1_off = apply(template(DEEPSEEK_R1), [USER], None, ChatOptions(enable_thinking=False))
     assert r1_off.prompt.endswith("<｜Assistant｜><think>\n</think>")
+
+
+def test_qwen3_coder_reads_string_parameters_as_text():
+    # parse_xml_tool_calls reads a value by its parameter's schema type: "12" is a string for EDIT's path, a number
+    # for its count
+    params = apply(template(QWEN3_CODER_XML), [USER], request(EDIT))
+    assert params.syntax.string_args == frozenset({("edit", "path")})
+    text = ("<tool_call>\n<function=edit>\n<parameter=path>\n12\n</parameter>\n<parameter=count>\n12\n</parameter>\n"
+            "</function>\n</tool_call>")
+    assert parse_answer(text, params.syntax) == ChatMessage("", [ToolCall("edit", '{"path": "12", "count": 12}')])
+    stream = MessageStream(params.syntax)
+    for i in range(0, len(text), 3):
+        stream.update(text[i:i + 3])
+    stream.update("", final=True)
+    assert [(c.name, c.arguments) for c in stream.msg.tool_calls] == [("edit", '{"path": "12", "count": 12}')]

@@ -95,5 +95,6 @@ def _apply(template: ChatTemplate, messages: list[dict[str, Any]], tools: ToolRe
                                       thinking_open))
     parse = params.parse_tools or fmt.always_parse
     syntax = ChatSyntax(fmt.name if parse else params.name, parse, fmt.reasoning or ("<think>", "</think>"),
-                        fmt.reasoning is not None and options.reasoning_format != "none", thinking_open)
+                        fmt.reasoning is not None and options.reasoning_format != "none", thinking_open,
+                        ChatSyntax.strings_of(tools.tools) if active and tools is not None else frozenset())
     return ChatParams(prompt, generation, params, syntax)

@@ -5,10 +5,12 @@ update (``common_chat_msg_diff``), which each wire protocol turns into its own e
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from samplechain.chat.formats import CONTENT_ONLY, by_name
 from samplechain.chat.messages import ChatMessage, ToolCall, tool_call_id
 from samplechain.chat.reasoning import ReasoningSplitter
+from samplechain.chat.tools import tool_names
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,18 @@ class ChatSyntax:
     tags: tuple[str, str] = ("<think>", "</think>")
     extract_reasoning: bool = True
     thinking_open: bool = False
+    string_args: frozenset[tuple[str, str]] = frozenset()  # (tool, parameter) pairs whose schema type is string
+
+    @staticmethod
+    def strings_of(tools: Any) -> frozenset[tuple[str, str]]:
+        """The (tool, parameter) pairs of ``tools`` (a ``ToolRequest``'s) whose schema says ``"type": "string"``:
+        formats that write parameters as text read those as strings, the others as JSON (Qwen3-Coder's XML)."""
+        out = set()
+        for name, params in tool_names(tools):
+            for key, schema in (params.get("properties") or {}).items():
+                if isinstance(schema, dict) and schema.get("type") == "string":
+                    out.add((name, key))
+        return frozenset(out)
 
     def splitter(self) -> ReasoningSplitter:
         return ReasoningSplitter(self.extract_reasoning, self.thinking_open, self.tags)
@@ -33,7 +47,7 @@ def parse_content(syntax: ChatSyntax, text: str, partial: bool = False) -> ChatM
     if not syntax.parse:
         return ChatMessage(text)
     try:
-        return by_name(syntax.format).parse(text, not partial)
+        return by_name(syntax.format, syntax).parse(text, not partial)
     except ValueError:  # json_scan.Invalid, or JSON that does not decode
         return ChatMessage() if partial else ChatMessage(text)
 

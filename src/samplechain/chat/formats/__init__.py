@@ -35,9 +35,10 @@ FORMATS: tuple[type[Format], ...] = (Format, Generic, *FIRST, *ALWAYS, *WITH_TOO
 _BY_NAME = {f.name: f for f in FORMATS}
 
 
-def by_name(name: str) -> Format:
-    """The format called ``name`` (``FormatParams.name``); an unknown name is content-only."""
-    return _BY_NAME.get(name, Format)()
+def by_name(name: str, syntax: Any = None) -> Format:
+    """The format called ``name`` (``FormatParams.name``; an unknown name is content-only), reading with
+    ``syntax`` (a ``ChatSyntax``: the tools' string parameters, the reasoning settings)."""
+    return _BY_NAME.get(name, Format)(syntax)
 
 
 def detect(source: str, request: ToolRequest | None, json_schema: Any) -> Format:

@@ -51,6 +51,9 @@ class Format:
     always_parse: ClassVar[bool] = False  # its output is parsed even without tools (e.g. harmony's channels)
     template_tools: ClassVar[bool] = True  # the template gets the tools (FireFunction's gets them as a variable)
 
+    def __init__(self, syntax: Any = None) -> None:
+        self.syntax = syntax  # the ChatSyntax a parse reads with (None when only preparing a request)
+
     @classmethod
     def matches(cls, source: str) -> bool:
         """Whether a template's source implies this format."""

@@ -39,7 +39,8 @@ class Qwen3Coder(Format):
         return _qwen3_coder(setup)
 
     def parse(self, text: str, final: bool) -> ChatMessage:
-        return _parse_xml(text, final)
+        strings = self.syntax.string_args if self.syntax is not None else frozenset()
+        return _parse_xml(text, final, strings)
 
 
 def _qwen3_coder(setup: ToolSetup) -> FormatParams:
@@ -72,8 +73,11 @@ _JSON_START = '"-0123456789[{tfn'
 _KEYWORDS = (SCOPE_START, TOOL_START, TOOL_SEP, KEY_START, KEY_VAL_SEP, VAL_END, TOOL_END, SCOPE_END)
 
 
-def _value(raw: str) -> Any:
-    """A parameter's value: JSON when the text is JSON, else the text (``parse_xml_tool_calls``)."""
+def _value(raw: str, string: bool) -> Any:
+    """A parameter's value: the text for a string parameter, else JSON when the text is JSON, else the text
+    (``parse_xml_tool_calls``, which reads the value by the parameter's schema type)."""
+    if string:
+        return raw
     try:
         return json.loads(raw)
     except ValueError:
@@ -84,13 +88,13 @@ def _dump(args: dict[str, Any]) -> str:
     return json.dumps(args, ensure_ascii=False)
 
 
-def _parse_xml(text: str, final: bool) -> ChatMessage:
+def _parse_xml(text: str, final: bool, strings: frozenset[tuple[str, str]]) -> ChatMessage:
     """Content, then ``<tool_call>`` blocks; a partial call's arguments are its object so far, left open."""
     msg = ChatMessage()
     pos = 0
     while (m := _OPEN.search(text, pos)) is not None:
         msg.content += text[pos:m.start()]
-        end = _call(text, m.end(), final, msg)
+        end = _call(text, m.end(), final, msg, strings)
         if end is None:
             return msg
         pos = skip_ws(text, end)
@@ -99,7 +103,7 @@ def _parse_xml(text: str, final: bool) -> ChatMessage:
     return msg
 
 
-def _call(text: str, pos: int, final: bool, msg: ChatMessage) -> int | None:
+def _call(text: str, pos: int, final: bool, msg: ChatMessage, strings: frozenset[tuple[str, str]]) -> int | None:
     """One call from its name on: appended to ``msg``; where the block ends (None: the text ends inside it)."""
     sep = text.find(">", pos)
     if sep < 0 or "\n" in text[pos:sep]:
@@ -127,10 +131,11 @@ def _call(text: str, pos: int, final: bool, msg: ChatMessage) -> int | None:
                 head = _dump(args)[:-1] + (", " if args else "") + json.dumps(key, ensure_ascii=False) + ": "
                 # a value that may be JSON waits for its end; other text streams as a string
                 body = value.lstrip()
-                call.arguments = head if not body or body[0] in _JSON_START else \
+                string = (call.name, key) in strings
+                call.arguments = head if not string and (not body or body[0] in _JSON_START) else \
                     head + json.dumps(value, ensure_ascii=False)[:-1]
                 return None
-            args[key] = _value(text[start:close])
+            args[key] = _value(text[start:close], (call.name, key) in strings)
             call.arguments = _dump(args)[:-1]
             pos = close + len(VAL_END.rstrip("\n"))
             continue
