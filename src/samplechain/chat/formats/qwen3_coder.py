@@ -55,8 +55,7 @@ def _qwen3_coder(setup: ToolSetup) -> FormatParams:
         parts = []
         for key, value in props.items():
             schema = b.add_schema(f"{name}-arg-{key}", value, params)
-            val = f"( string-arg-val | {schema} )" if isinstance(value, dict) and value.get("type") == "string" \
-                else schema
+            val = _string_value(b, f"{name}-arg-{key}", value, schema)
             part = f"{lit(KEY_START)} {lit(key)} {lit(KEY_VAL_SEP)} {val} {lit(VAL_END)}"
             parts.append(part if key in required else f"( {part} )?")
         rules.append(b.add_rule(f"{name}-call", f"{lit(TOOL_START)} {lit(name)} {lit(TOOL_SEP)} "
@@ -65,6 +64,24 @@ def _qwen3_coder(setup: ToolSetup) -> FormatParams:
     b.add_rule("root", f"{lit(SCOPE_START)} ( {' | '.join(rules)} ) {lit(SCOPE_END)}")
     return FormatParams(QWEN3_CODER_XML, True, b.text(), not setup.required,
                         ((TRIGGER_WORD, SCOPE_START + TOOL_START),), PRESERVED)
+
+
+_FREE_STRING_KEYS = frozenset({"type", "description", "title", "default", "examples", "$comment", "nullable"})
+
+
+def _string_value(b: GrammarBuilder, name: str, schema: Any, json_rule: str) -> str:
+    """A parameter value's rule: the JSON value (``json_rule``), or for a string parameter its text as such: any text
+    for an unconstrained string (``build_grammar_xml_tool_call``), the values themselves for an ``enum`` / ``const``
+    of strings; a string with other constraints (length, pattern, format) only as JSON, where they are enforced."""
+    if not isinstance(schema, dict) or schema.get("type") != "string":
+        return json_rule
+    if set(schema) <= _FREE_STRING_KEYS:
+        return f"( string-arg-val | {json_rule} )"
+    values = schema["enum"] if "enum" in schema else [schema["const"]] if "const" in schema else None
+    if isinstance(values, list) and values and all(isinstance(v, str) and "\n" not in v for v in values):
+        raw = b.add_rule(f"{name}-text", " | ".join(b.literal(v) for v in values))
+        return f"( {raw} | {json_rule} )"
+    return json_rule
 
 
 _OPEN = re.compile(r"<tool_call>\s*<function=")
@@ -76,7 +93,13 @@ _KEYWORDS = (SCOPE_START, TOOL_START, TOOL_SEP, KEY_START, KEY_VAL_SEP, VAL_END,
 def _value(raw: str, string: bool) -> Any:
     """A parameter's value: the text for a string parameter, else JSON when the text is JSON, else the text
     (``parse_xml_tool_calls``, which reads the value by the parameter's schema type)."""
-    if string:
+    if string:  # the text itself, or a JSON string the grammar also allows
+        if len(raw) >= 2 and raw[0] == raw[-1] == '"':
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                return raw
+            return value if isinstance(value, str) else raw
         return raw
     try:
         return json.loads(raw)
@@ -132,7 +155,8 @@ def _call(text: str, pos: int, final: bool, msg: ChatMessage, strings: frozenset
                 # a value that may be JSON waits for its end; other text streams as a string
                 body = value.lstrip()
                 string = (call.name, key) in strings
-                call.arguments = head if not string and (not body or body[0] in _JSON_START) else \
+                json_like = not body or body[0] in (_JSON_START if not string else '"')  # decided at its end
+                call.arguments = head if json_like else \
                     head + json.dumps(value, ensure_ascii=False)[:-1]
                 return None
             args[key] = _value(text[start:close], (call.name, key) in strings)
