@@ -743,3 +743,17 @@ def test_llama3_vocab_without_template_gets_llama3(vocabs):
     assert v.add_bos  # llama.cpp's default for a llama-bpe vocabulary: the built-in's text follows the BOS
     assert apply_template(v, "Hi") == ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
                                        "<|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+def test_one_probe_gives_what_a_template_does_with_messages_and_tools():
+    # Qwen 2.5 renders tools, calls (their arguments through tojson: objects only), several calls and results, and
+    # a system role
+    qwen = template_caps(template_file("Qwen-Qwen2.5-7B-Instruct").read_text())
+    assert qwen.to_json() == {"supports_object_arguments": True, "supports_parallel_tool_calls": True,
+                              "supports_string_content": True, "supports_system_role": True,
+                              "supports_tool_calls": True, "supports_tool_responses": True, "supports_tools": True,
+                              "supports_typed_content": False}
+    # Gemma 2's template refuses a system role and renders no tools: the polyfill's example call is probed too
+    gemma = template_caps(template_file("google-gemma-2-2b-it").read_text())
+    assert (gemma.system_role, gemma.tools, gemma.tool_calls) == (False, False, False)
+    assert '"name": "tool_name"' in gemma.example

@@ -69,9 +69,17 @@ def text_of(path: str, body: dict, reply) -> list[str]:
             return [x["content"] for x in (r if isinstance(r, list) else [r])]
         if path == "/v1/completions":
             return [c["text"] for c in sorted(r["choices"], key=lambda c: c["index"])]
+        if path == "/v1/messages":
+            return ["".join(b["text"] for b in r["content"] if b["type"] == "text")]
+        if path == "/v1/responses":
+            return ["".join(p["text"] for item in r["output"] if item["type"] == "message" for p in item["content"])]
         return [c["message"]["content"] for c in sorted(r["choices"], key=lambda c: c["index"])]
     events = [e for e in reply.events() if e != "[DONE]"]
-    assert events and all("error" not in e for e in events), events
+    assert events and all("error" not in e and e.get("type") != "error" for e in events), events
+    if path == "/v1/messages":
+        return ["".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")]
+    if path == "/v1/responses":
+        return ["".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")]
     out: dict[int, str] = {}
     for e in events:
         if path == "/completion":
@@ -83,12 +91,17 @@ def text_of(path: str, body: dict, reply) -> list[str]:
 
 
 def requests() -> list[tuple[str, dict]]:
-    """A mix of the three generation routes, streaming and not, n > 1, with a longer prompt among them."""
+    """A mix of the five generation routes (native, OpenAI completions and chat, Anthropic Messages, OpenAI
+    Responses), streaming and not, n > 1, with a longer prompt among them."""
     long_prompt = "Once upon a time, in a quiet town by the sea, " * 8
     out = []
-    for k in range(12):
+    for k in range(16):
         stream = k % 2 == 1
-        if k % 3 == 0:
+        if k >= 12:
+            out.append(("/v1/messages", {"messages": CHAT, "max_tokens": 6, "seed": k, "stream": stream})
+                       if k < 14 else ("/v1/responses", {"input": CHAT, "max_output_tokens": 6, "seed": k,
+                                                         "stream": stream}))
+        elif k % 3 == 0:
             out.append(("/completion", {"prompt": long_prompt if k == 6 else f"Story {k}:", "n_predict": 6,
                                         "seed": k, "stream": stream}))
         elif k % 3 == 1:
@@ -101,7 +114,7 @@ def requests() -> list[tuple[str, dict]]:
 
 
 def test_requests_that_wait_get_the_text_they_get_alone(small):
-    """12 requests on 2 slots, each step slowed: most wait seconds for a slot, none is lost (a 0.5 s wait once
+    """16 requests on 2 slots, each step slowed: most wait seconds for a slot, none is lost (a 0.5 s wait once
     closed the event generator of a non-streaming request: 200 with [] or 500 IndexError)."""
     todo = requests()
     alone = [text_of(path, body, call(small, "POST", path, body)) for path, body in todo]
@@ -209,17 +222,24 @@ BAD_FIELDS = [
 ]
 
 
-@pytest.mark.parametrize("route", ["/completion", "/v1/completions", "/v1/chat/completions"])
+BASES = {"/completion": {"prompt": "Hi"}, "/v1/completions": {"prompt": "Hi"},
+         "/v1/chat/completions": {"messages": CHAT}, "/v1/messages": {"messages": CHAT, "max_tokens": 2},
+         "/v1/responses": {"input": "Hi"}}
+
+
+@pytest.mark.parametrize("route", list(BASES))
 @pytest.mark.parametrize("fields, message", BAD_FIELDS)
 def test_costly_or_malformed_fields_are_400_within_2_s(small, route, fields, message):
-    base = {"messages": CHAT} if route == "/v1/chat/completions" else {"prompt": "Hi"}
+    # llama.cpp's sampling fields pass through every generation route, Anthropic's and Responses' too, with the
+    # same limits (the error in the route's own shape)
     for stream in (False, True):
         t0 = time.process_time()  # the server's work (it runs in this process), not the machine's load
-        r = call(small, "POST", route, {**base, **fields, "n_predict": 2, "stream": stream})
+        r = call(small, "POST", route, {**BASES[route], **fields, "n_predict": 2, "stream": stream})
         assert time.process_time() - t0 < 2.0
         assert r.status == 400, r.body[:300]
         err = r.json()["error"]
         assert err["type"] == "invalid_request_error" and message in err["message"], err["message"][:300]
+        assert (r.json().get("type") == "error") == (route == "/v1/messages")  # Anthropic's {"type": "error"}
     assert idle(small, 1.0)
 
 
@@ -387,6 +407,34 @@ def test_shutdown_finishes_running_streams_within_the_grace_and_cuts_the_rest(sm
     # the queued one never started: its answer is the error
     assert out["queued"].status == 503
     assert out["queued"].json()["error"]["message"] == "the server is shutting down"
+
+
+def test_shutdown_cuts_anthropic_and_responses_streams_with_an_error_event_in_their_shape(smol):
+    server = BackgroundServer(ServerConfig(port=0, n_slots=2, n_ctx=512, shutdown_grace=0.5), smol)
+    try:
+        engine = server.state.engine
+        engine.step_hook = lambda: time.sleep(0.05)
+        out: dict = {}
+        bodies = {"/v1/messages": {"messages": CHAT, "max_tokens": 400, "ignore_eos": True, "stream": True},
+                  "/v1/responses": {"input": CHAT, "max_output_tokens": 400, "ignore_eos": True, "stream": True}}
+        threads = [threading.Thread(target=lambda p=p: out.__setitem__(p, call(server, "POST", p, bodies[p])))
+                   for p in bodies]
+        for t in threads:
+            t.start()
+        _wait_until(lambda: all(x.busy for x in engine.slots))
+        server.shutdown()
+        for t in threads:
+            t.join(10)
+    finally:
+        server.close()
+    anthropic = out["/v1/messages"].events()
+    assert anthropic[0]["type"] == "message_start"
+    assert anthropic[-1] == {"type": "error", "error": {"type": "overloaded_error",
+                                                        "message": "the server is shutting down"}}
+    responses = out["/v1/responses"].events()
+    assert responses[0]["type"] == "response.created"
+    assert [e["type"] for e in responses[-2:]] == ["error", "response.failed"]
+    assert responses[-2]["message"] == "the server is shutting down"
 
 
 def test_sigterm_exits_0_within_the_grace_and_every_client_gets_a_final_event(tmp_path):

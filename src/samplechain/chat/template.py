@@ -33,6 +33,7 @@ with ``add_special=not starts_with_bos(...)``: the same tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import functools
 import json
@@ -138,13 +139,22 @@ def _environment():
 
 
 @dataclass(frozen=True)
-class Caps:
-    """What a jinja template does with messages (llama.cpp's ``jinja::caps``, found by rendering probes). What it
-    does with tools is ``ChatTemplate.caps`` (``ToolProbe``)."""
+class Caps(ToolProbe):
+    """What a template does, found by rendering probes once per template: with messages (llama.cpp's
+    ``jinja::caps``) and with tools, tool calls and results (minja's ``chat_template_caps``, ``ToolProbe``)."""
 
-    system_role: bool  # reads a system message's content (else it is merged into the next message)
-    string_content: bool  # renders a string content
-    typed_content: bool  # renders a list of content parts
+    system_role: bool = True  # reads a system message's content (else it is merged into the next message)
+    string_content: bool = True  # renders a string content
+    typed_content: bool = False  # renders a list of content parts
+
+    def to_json(self) -> dict[str, bool]:
+        """llama-server's ``chat_template_caps`` (``/props``)."""
+        return {"supports_object_arguments": self.object_arguments,
+                "supports_parallel_tool_calls": self.parallel_tool_calls,
+                "supports_string_content": self.string_content,
+                "supports_system_role": self.system_role, "supports_tool_calls": self.tool_calls,
+                "supports_tool_responses": self.tool_responses, "supports_tools": self.tools,
+                "supports_typed_content": self.typed_content}
 
 
 _MARKER = "STRING_MARKER"
@@ -181,8 +191,8 @@ def _compile(source: str):
 
 
 def template_caps(template: str) -> Caps:
-    """What the jinja ``template`` supports (see ``Caps``)."""
-    return _compile(template)[1]
+    """What the jinja ``template`` supports (see ``Caps``); a ``ValueError`` when it does not parse."""
+    return ChatTemplate(template).caps
 
 
 def _for_caps(messages: list[dict[str, Any]], caps: Caps) -> list[dict[str, Any]]:
@@ -324,12 +334,15 @@ class ChatTemplate:
                                      enable_thinking=enable_thinking, tools=tools, template_kwargs=variables, now=now)
 
     @property
-    def caps(self) -> ToolProbe:
-        """What the template does with tools, tool calls and results (minja's ``chat_template_caps``)."""
-        return _tool_caps(self)
+    def caps(self) -> Caps:
+        """What the template does with messages and with tools (the one probe, cached per template)."""
+        return _caps(self)
 
 
 @functools.lru_cache(maxsize=32)
-def _tool_caps(template: ChatTemplate) -> ToolProbe:
-    return probe_tools(lambda msgs, add, tools, variables: template.render(msgs, add, tools=tools,
-                                                                             variables=variables), template.eos)
+def _caps(template: ChatTemplate) -> Caps:
+    content = Caps() if template.builtin else _compile(template.source)[1]
+    tools = probe_tools(lambda msgs, add, tools, variables: template.render(msgs, add, tools=tools,
+                                                                            variables=variables), template.eos)
+    return Caps(**{**dataclasses.asdict(tools), "system_role": content.system_role,
+                   "string_content": content.string_content, "typed_content": content.typed_content})

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from samplechain.chat import ChatTemplate
 from samplechain.runtime.events import Error, Final, Progress, Token
 from samplechain.runtime.state import StateError, load_seq_state, save_seq_state
 from samplechain.server import request as rq
@@ -69,7 +70,8 @@ def router(state: ServerState) -> APIRouter:
             "model_path": os.path.basename(m.path),  # the file's name: its folder is nobody's business
             "modalities": {"vision": False, "video": False, "audio": False},
             "endpoint_slots": config.slots, "endpoint_props": config.props, "endpoint_metrics": config.metrics,
-            "chat_template": vocab.chat_template or "", "chat_template_caps": {}, "bos_token": text(vocab.bos),
+            "chat_template": vocab.chat_template or "",
+            "chat_template_caps": ChatTemplate.of(vocab).caps.to_json(), "bos_token": text(vocab.bos),
             "eos_token": text(vocab.eos), "build_info": rs.BUILD_INFO, "is_sleeping": False,
             "ui": False, "cors_proxy_enabled": False,
         })
