@@ -235,6 +235,22 @@ def test_count_tokens_is_the_prompt_of_the_request(client):
     assert client.messages.count_tokens(model="m", messages=COLOURS).input_tokens == 34
 
 
+def test_no_messages_is_the_generation_prompt_alone(server):
+    """``messages: []`` is answered, as llama-server does (its ``test_anthropic_empty_messages``): the template
+    renders no turns, so the prompt is SmolLM2's assistant header, 4 tokens."""
+    body = {"model": "m", "max_tokens": 5, "messages": [], **GREEDY}
+    r = call(server, "POST", "/v1/messages", body)
+    out = r.json()
+    assert (r.status, out["type"], out["content"], out["stop_reason"]) == (
+        200, "message", [{"type": "text", "text": "The original sentence is:"}], "max_tokens")
+    assert out["usage"]["input_tokens"] + out["usage"]["cache_read_input_tokens"] == 4
+    counted = call(server, "POST", "/v1/messages/count_tokens", {"model": "m", "messages": []})
+    assert (counted.status, counted.json()) == (200, {"input_tokens": 4})
+    assert wire.chat_messages({"messages": []}) == []
+    prompt = call(server, "POST", "/apply-template", {"messages": []})
+    assert (prompt.status, prompt.json()) == (200, {"prompt": "<|im_start|>assistant\n"})
+
+
 def test_thinking_is_accepted(client):
     """SmolLM2 does not think: the request is answered, with the budget sampler waiting for a tag it never sees."""
     for thinking in ({"type": "enabled", "budget_tokens": 50}, {"type": "disabled"}, {"type": "adaptive"}):

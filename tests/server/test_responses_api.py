@@ -358,6 +358,34 @@ def test_reasoning_items_in_input(client):
         {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]
 
 
+# renders an assistant's reasoning_content, as Qwen3's template does after the last user turn
+REASONING_TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{% if m.reasoning_content %}({{ m.reasoning_content }})"
+                      "{% endif %}{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def test_reasoning_items_reach_the_template(smol):
+    """A reasoning item's text reaches the template as the assistant's ``reasoning_content`` (it was dropped on the
+    way through the chat messages' checks); OpenAI chat messages keep it too (llama.cpp's
+    ``test_anthropic_thinking_history_in_template``, over ``/apply-template``)."""
+    hi_bye = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+              {"role": "user", "content": "Bye"}]
+    with live_server(smol, n_slots=1, n_ctx=1024, chat_template=REASONING_TEMPLATE) as s:
+        thought = {**hi_bye[1], "reasoning_content": "A greeting."}
+        r = call(s, "POST", "/apply-template", {"messages": [hi_bye[0], thought, hi_bye[2]]})
+        assert r.json() == {"prompt": "<user>Hi\n<assistant>(A greeting.)Hello!\n<user>Bye\n<assistant>"}
+        with_reasoning = call(s, "POST", "/v1/responses", {"max_output_tokens": 1, "temperature": 0, "input": [
+            hi_bye[0], {"type": "reasoning", "summary": [],
+                        "content": [{"type": "reasoning_text", "text": "A greeting."}]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello!"}]},
+            hi_bye[2]]}).json()
+        without = call(s, "POST", "/v1/responses", {"max_output_tokens": 1, "temperature": 0, "input": hi_bye}).json()
+        # 26 / 22: the tokens of the two prompts, with and without `(A greeting.)`
+        assert (with_reasoning["usage"]["input_tokens"], without["usage"]["input_tokens"]) == (26, 22)
+        r = call(s, "POST", "/apply-template", {"messages": [{"role": "assistant", "content": "x",
+                                                              "reasoning_content": 3}]})
+        assert (r.status, r.json()["error"]["message"]) == (400, "messages[0]: 'reasoning_content' must be a string")
+
+
 # --- the store ----------------------------------------------------------------------------------------------------
 
 

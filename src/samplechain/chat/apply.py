@@ -47,7 +47,9 @@ def apply(template: ChatTemplate, messages: Sequence[Mapping[str, Any]], tools: 
     """``messages`` (normalized as ``normalize_messages`` gives them) through ``template`` with ``tools``: the
     prompt and the format's parameters. A last assistant message with ``add_generation_prompt`` or
     ``continue_final_message`` is continued: the prompt ends with its text (parts joined with a blank line, as
-    llama.cpp's ``render_content``). ``ValueError`` says what is wrong."""
+    llama.cpp's ``render_content``). No messages render as the template has them (llama.cpp's
+    ``common_chat_templates_apply`` takes an empty conversation: often the generation prompt alone). ``ValueError``
+    says what is wrong."""
     options = options or ChatOptions()
     add_gen, cont = options.add_generation_prompt, options.continue_final_message
     if add_gen and cont:
@@ -62,8 +64,6 @@ def apply(template: ChatTemplate, messages: Sequence[Mapping[str, Any]], tools: 
         syntax = head.syntax
         syntax = replace(syntax, thinking_open=content.rstrip().endswith(syntax.tags[0]))
         return ChatParams(head.prompt + content, content, head.format, syntax)
-    if not msgs:
-        raise ValueError("'messages' must not be empty")
     for m in msgs:
         if isinstance(m.get("content"), list):
             m["content"] = join_parts(m["content"])

@@ -122,8 +122,9 @@ def _tool_calls(calls: Any, i: int) -> list[dict[str, Any]]:
 
 
 def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Validated messages with string contents and their tool fields (``tool_calls``, ``tool_call_id``, ``name``),
-    with llama-server's checks and messages."""
+    """Validated messages with string contents, their tool fields (``tool_calls``, ``tool_call_id``, ``name``) and
+    an assistant's ``reasoning_content`` (llama.cpp's ``common_chat_msgs_parse_oaicompat`` reads it, and templates
+    such as Qwen3's render it), with llama-server's checks and messages."""
     messages = body.get("messages")
     if messages is None:
         raise bad_request("'messages' is required")
@@ -143,7 +144,7 @@ def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         msg: dict[str, Any] = {"role": role, "content": _content_text(m.get("content"))}
         if m.get("tool_calls"):
             msg["tool_calls"] = _tool_calls(m["tool_calls"], i)
-        for key in ("tool_call_id", "name"):
+        for key in ("tool_call_id", "name", "reasoning_content"):  # reasoning in the history: templates render it
             if m.get(key) is not None:
                 if not isinstance(m[key], str):
                     raise bad_request(f"messages[{i}]: '{key}' must be a string")

@@ -4,7 +4,12 @@ A request is translated to the chat layer's messages, tools and options (``respo
 ``server_chat_convert_responses_to_chatcmpl``, tools/server/server-chat.cpp) and runs as a chat completion does
 (``jobs.prepare_messages``); the answer is read by the chat layer and written as Responses output items, whole or
 as the event stream of llama.cpp's ``to_json_oaicompat_resp`` (server-task.cpp), with OpenAI's sequence numbers,
-output and content indexes. Responses are kept for ``previous_response_id`` unless ``store`` is false."""
+output and content indexes. Responses are kept for ``previous_response_id`` unless ``store`` is false.
+
+Departure from llama-server: an answer cut at ``max_output_tokens`` (or the context) is OpenAI's ``incomplete``
+response (``status: incomplete``, ``incomplete_details.reason: max_output_tokens``, the message item
+``incomplete``; streamed, ``response.incomplete`` is the last event), where llama-server says ``completed`` and
+ends every stream with ``response.completed``: a client can tell a cut answer from a finished one, as with OpenAI."""
 
 from __future__ import annotations
 
@@ -271,8 +276,9 @@ def router(state: ServerState) -> APIRouter:
 
         async def events() -> AsyncIterator[bytes]:
             yield stream.start()
+            final = None
             async for _, ev in run.events():
-                if isinstance(ev, Error):
+                if isinstance(ev, Error):  # also after the final event: a stream cut at shutdown fails
                     yield stream.fail(ev)
                     return
                 if isinstance(ev, Progress):
@@ -282,10 +288,11 @@ def router(state: ServerState) -> APIRouter:
                     if chunk:
                         yield chunk
                 elif isinstance(ev, Final):
-                    chunk, response = stream.finish(ev, reasoning_tokens)
-                    keep(state, p, response)
-                    yield chunk
-                    return
+                    final = ev
+            if final is not None:
+                chunk, response = stream.finish(final, reasoning_tokens)
+                keep(state, p, response)
+                yield chunk
         return streaming(events(), run)
 
     @routes.get("/v1/responses/{rid}")
