@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from samplechain.chat.formats import CONTENT_ONLY, by_name
-from samplechain.chat.messages import ChatMessage, ToolCall, tool_call_id
+from samplechain.chat.messages import ChatMessage, ToolCall
 from samplechain.chat.reasoning import ReasoningSplitter
 from samplechain.chat.tools import tool_names
 
@@ -37,6 +37,10 @@ class ChatSyntax:
                     out.add((name, key))
         return frozenset(out)
 
+    def new_id(self) -> str:
+        """A tool call's id, in the format's shape, for a call the model wrote none for."""
+        return by_name(self.format).new_id()
+
     def splitter(self) -> ReasoningSplitter:
         return ReasoningSplitter(self.extract_reasoning, self.thinking_open, self.tags)
 
@@ -44,12 +48,20 @@ class ChatSyntax:
 def parse_content(syntax: ChatSyntax, text: str, partial: bool = False) -> ChatMessage:
     """``text`` (the answer with its reasoning split off) as content and tool calls in the syntax's format. A final
     text that does not have the format's shape is all content, without calls; a partial one gives nothing yet."""
+    msg = _parsed(syntax, text, partial)
+    if msg is None:
+        return ChatMessage() if partial else ChatMessage(text)
+    return msg
+
+
+def _parsed(syntax: ChatSyntax, text: str, partial: bool) -> ChatMessage | None:
+    """The format's reading of ``text``, or None where the text does not have its shape."""
     if not syntax.parse:
         return ChatMessage(text)
     try:
         return by_name(syntax.format, syntax).parse(text, not partial)
-    except ValueError:  # json_scan.Invalid, or JSON that does not decode
-        return ChatMessage() if partial else ChatMessage(text)
+    except (ValueError, RecursionError):  # json_scan.Invalid, JSON that does not decode, or nests past Python's stack
+        return None
 
 
 def parse(text: str, syntax: ChatSyntax, partial: bool = False) -> ChatMessage:
@@ -97,7 +109,11 @@ class MessageStream:
             new = ChatMessage(prev.content + content, reasoning_content=self.thought)
         else:
             self.content += content
-            new = parse_content(self.syntax, self.content, partial=not final)
+            parsed = _parsed(self.syntax, self.content, not final)
+            if parsed is None and final and prev.tool_calls:
+                # cut inside a call (max_tokens): what was streamed stands; the raw text is not sent again as content
+                parsed = ChatMessage(prev.content, prev.tool_calls, reasoning_content="")
+            new = parsed if parsed is not None else ChatMessage() if not final else ChatMessage(self.content)
             new.reasoning_content = self.thought + new.reasoning_content
         out = []
         if new.reasoning_content != prev.reasoning_content and new.reasoning_content.startswith(
@@ -108,7 +124,7 @@ class MessageStream:
             return out  # undecided: wait for more text
         for i, tc in enumerate(new.tool_calls):
             if i == len(self.ids):
-                self.ids.append(tc.id or tool_call_id())
+                self.ids.append(tc.id or self.syntax.new_id())
             tc.id = self.ids[i]
         self.msg = new
         if new.content != prev.content and new.content.startswith(prev.content):

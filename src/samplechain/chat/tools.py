@@ -223,7 +223,7 @@ def _object_arguments(tc: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(args, str):
         try:
             args = json.loads(args)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past Python's stack: rendered as the text
             pass
     return {**tc, "function": {**fn, "arguments": args}}
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from fastapi.responses import Response
 
-from samplechain.chat import ChatMessage, ChatSyntax, MessageDiff, MessageStream, parse, tool_call_id
+from samplechain.chat import ChatMessage, ChatSyntax, MessageDiff, MessageStream, parse
 from samplechain.params import SamplingParams
 from samplechain.runtime.decoding import Timings
 from samplechain.runtime.events import Error, Final, Progress, Token
@@ -239,7 +239,7 @@ def parse_final(text: str, syntax: ChatSyntax) -> ChatMessage:
     """A whole answer through the chat layer, each tool call with an id (the model's, else a random one)."""
     msg = parse(text, syntax)
     for call in msg.tool_calls:
-        call.id = call.id or tool_call_id()
+        call.id = call.id or syntax.new_id()
     return msg
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from samplechain.chat.messages import ChatMessage
+from samplechain.chat.messages import ChatMessage, tool_call_id
 from samplechain.chat.tools import ToolRequest
 
 CONTENT_ONLY = "Content-only"
@@ -48,6 +48,7 @@ class Format:
     name: ClassVar[str] = CONTENT_ONLY
     reasoning: ClassVar[tuple[str, str] | None] = ("<think>", "</think>")  # the thinking block's tags
     system: ClassVar[str] = ""  # a line the format adds to the system prompt when tools are active
+    closes: ClassVar[str] = ""  # the prompt's end that the format closes when thinking is off (e.g. "<think>\n")
     always_parse: ClassVar[bool] = False  # its output is parsed even without tools (e.g. harmony's channels)
     template_tools: ClassVar[bool] = True  # the template gets the tools (FireFunction's gets them as a variable)
 
@@ -65,9 +66,18 @@ class Format:
 
     def thinking(self, prompt: str, enable_thinking: bool | None) -> tuple[str, bool]:
         """The prompt and whether it leaves the thinking block open (the generation prompt ends with its start
-        tag); a format may close it when thinking is off."""
-        open_ = self.reasoning is not None and prompt.rstrip().endswith(self.reasoning[0])
-        return prompt, open_
+        tag, whitespace aside); with thinking off, a prompt ending exactly in ``closes`` gets the end tag (the
+        template opened the block whatever ``enable_thinking`` said)."""
+        if self.reasoning is None:
+            return prompt, False
+        start, end = self.reasoning
+        if self.closes and enable_thinking is False and prompt.endswith(self.closes):
+            return prompt + end, False
+        return prompt, prompt.rstrip().endswith(start)
+
+    def new_id(self) -> str:
+        """A tool call's id when the model writes none (llama-server's ``gen_tool_call_id``)."""
+        return tool_call_id()
 
     def params(self, setup: ToolSetup) -> FormatParams:
         """The grammar, triggers, preserved tokens and stops for active tools."""

@@ -39,10 +39,7 @@ class DeepSeekR1(Format):
     def matches(cls, source: str) -> bool:
         return "<｜tool▁calls▁begin｜>" in source
 
-    def thinking(self, prompt: str, enable_thinking: bool | None) -> tuple[str, bool]:
-        if prompt.endswith("<think>\n"):
-            return (prompt + "</think>", False) if enable_thinking is False else (prompt, True)
-        return prompt, False
+    closes: ClassVar[str] = "<think>\n"
 
     def params(self, setup: ToolSetup) -> FormatParams:
         return block_params(self.name, setup, lambda name: f"function<｜tool▁sep｜>{name}\n```json\n",

@@ -26,10 +26,7 @@ class DeepSeekV31(Format):
     def matches(cls, source: str) -> bool:
         return "message['prefix'] is defined and message['prefix'] and thinking" in source
 
-    def thinking(self, prompt: str, enable_thinking: bool | None) -> tuple[str, bool]:
-        if prompt.endswith("<think>"):
-            return (prompt + "</think>", False) if enable_thinking is False else (prompt, True)
-        return prompt, False
+    closes: ClassVar[str] = "<think>"
 
     def params(self, setup: ToolSetup) -> FormatParams:
         return block_params(self.name, setup, lambda name: f"{name}<｜tool▁sep｜>", "<｜tool▁call▁end｜>")

@@ -29,12 +29,7 @@ class Hermes2Pro(Format):
     def matches(cls, source: str) -> bool:
         return "<tool_call>" in source
 
-    def thinking(self, prompt: str, enable_thinking: bool | None) -> tuple[str, bool]:
-        if prompt.endswith("<think>\n"):
-            if enable_thinking is False:
-                return prompt + "</think>", False
-            return prompt, True
-        return prompt, False
+    closes: ClassVar[str] = "<think>\n"
 
     def params(self, setup: ToolSetup) -> FormatParams:
         return _hermes_2_pro(setup.request.tools, setup.required, setup.parallel, setup.thinking_open)
