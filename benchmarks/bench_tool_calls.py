@@ -98,9 +98,11 @@ def messages(url: str, seed: int) -> tuple[list[tuple[str, object]], bool, bool]
     client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=300)
     tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
               "input_schema": t["function"]["parameters"]} for t in TOOLS]
-    r = client.messages.create(model="m", max_tokens=MAX_TOKENS, temperature=TEMPERATURE, tools=tools,
+    # (this SDK's create() has no temperature argument: sent as a body field, which the server reads the same)
+    r = client.messages.create(model="m", max_tokens=MAX_TOKENS, tools=tools,
                                tool_choice={"type": "any", "disable_parallel_tool_use": True},
-                               messages=[{"role": "user", "content": QUESTIONS[seed % 4]}], extra_body={"seed": seed})
+                               messages=[{"role": "user", "content": QUESTIONS[seed % 4]}],
+                               extra_body={"seed": seed, "temperature": TEMPERATURE})
     calls = [(b.name, b.input) for b in r.content if b.type == "tool_use"]
     return calls, r.stop_reason == "tool_use", r.stop_reason == "max_tokens"
 

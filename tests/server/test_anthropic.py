@@ -4,6 +4,7 @@ raw HTTP where the wire itself is checked. Cases after llama.cpp's ``tools/serve
 with exact values, plus Claude Code's request shape, bad blocks, waiting and leaving clients, and engine errors."""
 
 import json
+import logging
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +14,7 @@ import jsonschema
 import pytest
 from tests.server.conftest import call, live_server
 
-from samplechain.chat import ChatSyntax
+from samplechain.chat import ChatSyntax, MessageDiff
 from samplechain.runtime.events import Final
 from samplechain.server import anthropic_wire as wire
 from samplechain.server import routes_anthropic
@@ -382,6 +383,76 @@ def test_a_prompt_longer_than_the_context_is_400(server):
     assert message.startswith("request (") and f"exceeds the available context size ({N_CTX_SLOT} tokens)" in message
 
 
+def both_routes(server, body) -> list[tuple[int, str]]:
+    """Status and message of ``/v1/messages`` and ``/v1/messages/count_tokens`` for ``body``, each answered within
+    2 seconds and in Anthropic's error shape."""
+    out = []
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        t0 = time.monotonic()
+        r = call(server, "POST", path, body)
+        assert time.monotonic() - t0 < 2.0, path
+        out.append((r.status, anthropic_error(r)))
+    return out
+
+
+def test_tool_choice_any_or_tool_without_tools_is_400(server):
+    """``any`` and ``tool`` need a tool to call (Anthropic answers 400); server tools are left out, so a request
+    with only those has none."""
+    for choice, extra in (({"type": "any"}, {}), ({"type": "tool", "name": "get_weather"}, {}),
+                          ({"type": "any"}, {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
+                          ({"type": "tool", "name": "get_weather"}, {"tools": []})):
+        message = (f'tool_choice: {{"type": "{choice["type"]}"}} needs at least one tool in \'tools\' (this server '
+                   "calls custom tools only)")
+        assert both_routes(server, body_with("x", tool_choice=choice, **extra)) == [(400, message)] * 2
+
+
+def test_content_blocks_and_translated_messages_are_bounded(server):
+    """``MAX_MESSAGES`` bounds the content blocks in all (counted before any is read: 100,000 tool_result blocks
+    in one message are refused at once) and the messages they become (each tool_result is a message)."""
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}
+    blocks = "Field 'messages': at most 4096 content blocks in all (the system's, the messages' and their " \
+             "tool_results'), got {}"
+    assert both_routes(server, body_with([result] * 100_000)) == [(400, blocks.format(100_000))] * 2
+    nested = {**result, "content": [{"type": "text", "text": "a"}] * 2100}
+    assert both_routes(server, body_with([nested, nested])) == [(400, blocks.format(4202))] * 2
+    assert both_routes(server, body_with("x", system=[{"type": "text", "text": "s"}] * 4097)) == [
+        (400, blocks.format(4097))] * 2
+    messages = ("Field 'messages': at most 4096 messages, got 4097 (each tool_result block is a message of its own, "
+                "and so is the system prompt)")
+    assert both_routes(server, body_with([result] * 4096, system="Be brief.")) == [(400, messages)] * 2
+    counted = call(server, "POST", "/v1/messages/count_tokens", body_with([result] * 2))
+    assert counted.status == 200 and counted.json()["input_tokens"] > 0
+
+
+def test_count_tokens_refuses_text_that_cannot_fit(server):
+    """``count_tokens`` refuses, before rendering or tokenizing, text that cannot fit in a slot's context, as
+    ``/v1/messages`` does (4M characters were tokenized, holding the GIL for seconds); text that fits is counted."""
+    huge = body_with("x" * 4_000_000)
+    message = f"request (4000000 characters) exceeds the available context size ({N_CTX_SLOT} tokens), try " \
+              "increasing it"
+    assert both_routes(server, huge) == [(400, message)] * 2
+    fits = call(server, "POST", "/v1/messages/count_tokens", body_with("Tell me about colours. " * 900))
+    assert fits.status == 200 and fits.json()["input_tokens"] > N_CTX_SLOT  # counted, even past the context
+
+
+def test_left_out_tool_types_are_one_bounded_log_line(caplog):
+    """The server tools a request names are logged once per request, each type once and cut to 64 characters, 8
+    of them then how many more: no state is kept between requests (50,000 types grew a module set forever)."""
+    tools = [WEATHER, *({"type": f"t{k}_" + "x" * 100, "name": f"s{k}"} for k in range(50_000)),
+             {"type": "t0_" + "x" * 100}]
+    body = {"max_tokens": 4, "messages": COLOURS, "tools": tools}
+    for _ in range(2):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=wire.__name__):
+            t = wire.translate(body, "auto")
+        assert [x["function"]["name"] for x in t.request.tools] == ["get_weather"]
+        shown = ", ".join(repr(f"t{k}_" + "x" * (64 - len(f"t{k}_"))) for k in range(8))
+        assert [r.getMessage() for r in caplog.records] == [
+            f"anthropic: 50001 tools of Anthropic's own types left out (this server runs custom tools only): "
+            f"{shown} and 49992 more"]
+    assert not any(isinstance(v, set) for v in vars(wire).values())
+
+
 def test_bad_json_and_unknown_key_are_anthropic_errors(server):
     assert "parse_error" in anthropic_error(call(server, "POST", "/v1/messages", raw=b"{nope"))
     with live_server(server.state.model, n_slots=1, n_ctx=512, api_keys=("k1",)) as keyed:
@@ -480,7 +551,30 @@ def test_stop_reasons_and_tool_inputs():
     assert wire.stop_reason(final("x", "word", "END"), False, ("END",)) == ("stop_sequence", "END")
     assert wire.stop_reason(final("x", "word", "</tool>"), False, ("END",)) == ("end_turn", None)
     assert wire.stop_reason(final("x", "word", "END"), True, ("END",)) == ("tool_use", None)
-    assert [wire.tool_input(a) for a in ('{"a": 1}', "[1, 2]", '{"a": ', "")] == [{"a": 1}, [1, 2], {}, {}]
+    # input is always an object: arguments that are not JSON, or hold another value, are {} (never a list or text)
+    args = ('{"a": 1}', "[1, 2]", '"text"', "3", "null", '{"a": ', "")
+    assert [wire.tool_input(a) for a in args] == [{"a": 1}, {}, {}, {}, {}, {}, {}]
+    syntax = ChatSyntax()
+    out = wire.message(final("x"), syntax, "msg_1", "m", ())
+    assert out["content"] == [{"type": "text", "text": "x"}]
+
+
+def test_streamed_tool_input_is_an_object():
+    """A call whose arguments start an object streams them as ``input_json_delta``s (leading whitespace left
+    out); one whose arguments are another JSON value streams none: its block's ``input`` stays ``{}``, as the whole
+    message's ``tool_input`` has it."""
+    writer = wire.EventWriter("msg_1", "m", ChatSyntax(), ())
+    def args(index: int, *texts: str) -> list[MessageDiff]:
+        return [MessageDiff(tool_index=index, tool_id=str(index) * 30, tool_name="fgh"[index], header=True),
+                *(MessageDiff(tool_index=index, tool_arguments=t) for t in texts)]
+
+    raw = writer.diffs([*args(0, " ", ' {"a"', ": 1}"), *args(1, "[1, ", "2]"), *args(2, '"text"')])
+    evs = [json.loads(b.split("\n")[1][6:]) for b in raw.decode().split("\n\n") if b]
+    starts = [e["content_block"] for e in evs if e["type"] == "content_block_start"]
+    assert [(b["name"], b["input"]) for b in starts] == [("f", {}), ("g", {}), ("h", {})]
+    deltas = [(e["index"], e["delta"]) for e in evs if e["type"] == "content_block_delta"]
+    assert deltas == [(0, {"type": "input_json_delta", "partial_json": '{"a"'}),
+                      (0, {"type": "input_json_delta", "partial_json": ": 1}"})]
 
 
 def test_translation_of_blocks_to_messages():

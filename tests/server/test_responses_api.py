@@ -215,7 +215,8 @@ def test_function_tool_round_trip(client, caplog):
                                     tools=[WEATHER, {"type": "web_search"}, {"type": "file_search",
                                                                              "vector_store_ids": ["vs_1"]}],
                                     tool_choice="required")
-    assert sum("skipped" in rec.getMessage() for rec in caplog.records) == 2
+    assert [rec.getMessage() for rec in caplog.records if "skipped" in rec.getMessage()] == [
+        "responses: 2 tools skipped (only function tools run here), of types 'web_search', 'file_search'"]
     [fc] = r.output
     assert fc.type == "function_call" and fc.name == "get_weather" and fc.status == "completed"
     assert fc.id.startswith("fc_") and fc.call_id.startswith("call_")
@@ -227,6 +228,65 @@ def test_function_tool_round_trip(client, caplog):
                {"type": "function_call_output", "call_id": fc.call_id, "output": '{"temperature": 21}'}])
     assert follow.output_text and follow.output[0].type == "message"
     assert follow.usage.input_tokens > r.usage.input_tokens
+
+
+def test_skipped_tools_are_one_bounded_log_line(caplog):
+    """Hosted tools are logged once per request: each type once, cut to 64 characters, 8 of them then how many
+    more (a line per tool was unbounded)."""
+    tools = [WEATHER, *({"type": f"h{k}_" + "x" * 100} for k in range(50_000)), {"type": "h0_" + "x" * 100}]
+    with caplog.at_level(logging.INFO, logger=rw.__name__):
+        assert [t["name"] for t in rw.function_tools({"tools": tools})] == ["get_weather"]
+    shown = ", ".join(repr(f"h{k}_" + "x" * (64 - len(f"h{k}_"))) for k in range(8))
+    assert [rec.getMessage() for rec in caplog.records] == [
+        f"responses: 50001 tools skipped (only function tools run here), of types {shown} and 49992 more"]
+
+
+ALLOWED_BAD = [
+    ({"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": ["get_weather"]}]},
+     "Field 'tool_choice': allowed_tools.tools[0] needs a non-empty string 'name'"),
+    ({"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": {"a": 1}}]},
+     "Field 'tool_choice': allowed_tools.tools[0] needs a non-empty string 'name'"),
+    ({"type": "allowed_tools", "mode": "auto", "tools": [{"type": "mcp"}, {"type": "function", "name": ""}]},
+     "Field 'tool_choice': allowed_tools.tools[1] needs a non-empty string 'name'"),
+    ({"type": "allowed_tools", "mode": "auto", "tools": ["get_weather"]},
+     "Field 'tool_choice': allowed_tools.tools[0] must be an object"),
+    ({"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "get_time"}]},
+     "Field 'tool_choice': allowed_tools with mode 'required' allows none of the request's function tools"),
+    ({"type": "allowed_tools", "mode": "required", "tools": []},
+     "Field 'tool_choice': allowed_tools with mode 'required' allows none of the request's function tools"),
+]
+
+
+@pytest.mark.parametrize(("choice", "message"), ALLOWED_BAD, ids=range(len(ALLOWED_BAD)))
+def test_bad_allowed_tools_are_400s(server, choice, message):
+    t0 = time.monotonic()
+    r = call(server, "POST", "/v1/responses", {"model": "m", "input": ASK, "tools": [WEATHER], "tool_choice": choice})
+    assert (r.status, r.json()["error"]) == (400, {"code": 400, "message": message, "type": "invalid_request_error"})
+    assert time.monotonic() - t0 < 2
+
+
+def test_required_choices_need_a_function_tool(server):
+    message = "Field 'tool_choice': a required or named tool choice needs at least one function tool in 'tools'"
+    for extra in ({"tool_choice": "required"}, {"tool_choice": "required", "tools": [{"type": "web_search"}]},
+                  {"tool_choice": {"type": "function", "name": "get_weather"}, "tools": []}):
+        r = call(server, "POST", "/v1/responses", {"model": "m", "input": ASK, **extra})
+        assert (r.status, r.json()["error"]["message"]) == (400, message)
+
+
+def test_allowed_tools_filter_the_tools():
+    other = {**WEATHER, "name": "get_time"}
+    tools = rw.function_tools({"tools": [WEATHER, other]})
+
+    def allowed(mode: str, *entries: dict) -> dict:
+        body = {"tool_choice": {"type": "allowed_tools", "mode": mode, "tools": list(entries)}}
+        out = rw.tool_body(body, tools)
+        return {"names": [t["function"]["name"] for t in out["tools"]], "choice": out["tool_choice"]}
+
+    assert allowed("required", {"type": "function", "name": "get_time"}, {"type": "mcp", "server_label": "x"}) == {
+        "names": ["get_time"], "choice": "required"}
+    assert allowed("auto", {"type": "function", "name": "nope"}) == {"names": [], "choice": None}
+    assert allowed("auto", {"type": "function", "name": "get_weather"}, {"type": "function", "name": "get_time"}
+                   ) == {"names": ["get_weather", "get_time"], "choice": "auto"}
 
 
 def test_named_tool_choice_and_streamed_call(client):
@@ -414,6 +474,93 @@ def test_previous_response_id_continues(client, server):
     assert client.responses.delete(first.id) is None
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(first.id)
+
+
+def test_a_follow_up_needs_new_input(client, server):
+    """``previous_response_id`` without new input is a 400: the conversation would end with the previous answer,
+    which the chat layer continues as a prefill (stored as a second assistant message, it broke every later
+    follow-up). A chain of follow-ups keeps working, and so does one after an explicit prefill."""
+    first = client.responses.create(model="m", input="My name is Ada.", max_output_tokens=6, temperature=0)
+    message = ("Field 'input': a request with 'previous_response_id' needs new input (the previous response's "
+               "conversation ends with its answer)")
+    for extra in ({}, {"input": []}, {"input": None}):
+        t0 = time.monotonic()
+        r = call(server, "POST", "/v1/responses", {"model": "m", "previous_response_id": first.id,
+                                                   "max_output_tokens": 4, **extra})
+        assert (r.status, r.json()["error"]) == (400, {"code": 400, "message": message,
+                                                       "type": "invalid_request_error"})
+        assert time.monotonic() - t0 < 2
+    turns = [first]
+    for text in ("What is my name?", "Say it again."):
+        turns.append(client.responses.create(model="m", input=text, previous_response_id=turns[-1].id,
+                                             max_output_tokens=6, temperature=0))
+        assert turns[-1].status in ("completed", "incomplete") and turns[-1].output_text
+    history = server.state.responses.get(turns[-1].id).history
+    assert [m["role"] for m in history] == ["user", "assistant"] * 3
+    # a prefill (input ending with the assistant's words) is continued, and stored as one assistant message
+    prefill = client.responses.create(model="m", max_output_tokens=4, temperature=0, input=[
+        {"role": "user", "content": QUESTION}, {"role": "assistant", "content": "The colours are"}])
+    stored = server.state.responses.get(prefill.id).history
+    assert [m["role"] for m in stored] == ["user", "assistant"]
+    assert stored[-1]["content"] == "The colours are" + prefill.output_text
+    after = client.responses.create(model="m", input="And two more?", previous_response_id=prefill.id,
+                                    max_output_tokens=4, temperature=0)
+    assert after.status in ("completed", "incomplete") and after.output_text
+
+
+def test_stored_history_merges_a_continued_answer():
+    user = {"role": "user", "content": "Hi"}
+    answer = {"role": "assistant", "content": " there", "reasoning_content": "r",
+              "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    assert rw.answered([user], answer) == [user, answer]
+    assert rw.answered([user], None) == [user]
+    prefill = {"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+    assert rw.answered([user, prefill], answer) == [user, {**answer, "content": "a\n\nb there"}]
+    assert rw.answered([user, prefill], None) == [user, prefill]
+
+
+def test_input_is_bounded_in_parts_and_messages(server):
+    """Content parts in all and messages (the previous response's conversation included) within MAX_MESSAGES,
+    counted before the items are read."""
+    t0 = time.monotonic()
+    parts = [{"type": "input_text", "text": "a"}] * 100_000
+    r = call(server, "POST", "/v1/responses", {"model": "m", "input": [{"role": "user", "content": parts}]})
+    assert (r.status, r.json()["error"]["message"]) == (400, "Field 'input': at most 4096 content parts in all, "
+                                                             "got 100000")
+    outputs = [{"type": "function_call_output", "call_id": "c", "output": parts[:2049]}] * 2
+    r = call(server, "POST", "/v1/responses", {"model": "m", "input": outputs})
+    assert (r.status, r.json()["error"]["message"]) == (400, "Field 'input': at most 4096 content parts in all, "
+                                                             "got 4098")
+    r = call(server, "POST", "/v1/responses", {"model": "m", "input": [{"role": "user", "content": "x"}] * 4097})
+    assert (r.status, r.json()["error"]["message"]) == (400, "Field 'input': at most 4096 items, got 4097")
+    assert time.monotonic() - t0 < 3
+    history = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}] * 2000
+    with pytest.raises(rw.APIError) as e:
+        rw.input_messages({"input": [{"role": "user", "content": "z"}] * 97}, history, None)
+    assert (e.value.code, e.value.message) == (400, "Field 'input': at most 4096 messages, got 4097 (the items as "
+                                                    "chat messages, after the previous response's conversation)")
+    assert len(rw.input_messages({"input": [{"role": "user", "content": "z"}] * 96}, history, None)) == 4096
+
+
+def test_reasoning_tokens_are_counted_off_the_event_loop(client, monkeypatch):
+    """The answer's last parse and the count of its reasoning's tokens run in a worker thread, streamed or not."""
+    from samplechain.server import routes_responses
+
+    loops = []
+    real = routes_responses.count_tokens
+
+    def counting(state, text):
+        try:
+            asyncio.get_running_loop()
+            loops.append(True)
+        except RuntimeError:
+            loops.append(False)
+        return real(state, text)
+
+    monkeypatch.setattr(routes_responses, "count_tokens", counting)
+    client.responses.create(model="m", input="Hi", max_output_tokens=2, temperature=0)
+    list(client.responses.create(model="m", input="Hi", max_output_tokens=2, temperature=0, stream=True))
+    assert loops == [False, False]
 
 
 def test_unknown_ids_are_openai_404s(client, server):

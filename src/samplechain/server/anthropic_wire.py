@@ -29,7 +29,16 @@ _ALNUM = string.ascii_letters + string.digits
 # the body's Anthropic fields, translated here (never read as llama-server fields of the same name)
 _ANTHROPIC_FIELDS = ("messages", "system", "tools", "tool_choice", "stop_sequences", "max_tokens", "thinking",
                      "metadata", "n", "n_cmpl", "n_predict", "max_completion_tokens", "parallel_tool_calls")
-_IGNORED_TOOL_TYPES: set[str] = set()  # server tool types already logged once
+SKIPPED_SHOWN = 8  # tool types a skipped-tools log line names (each cut to SKIPPED_CHARS characters)
+SKIPPED_CHARS = 64
+
+
+def skipped_types(kinds: list[str]) -> str:
+    """Skipped tool types for one log line: each named once, cut to ``SKIPPED_CHARS`` characters, at most
+    ``SKIPPED_SHOWN`` of them, then how many more (a request chooses them: the line stays short)."""
+    seen = list(dict.fromkeys(k[:SKIPPED_CHARS] for k in kinds))
+    shown = ", ".join(repr(k) for k in seen[:SKIPPED_SHOWN])
+    return shown + (f" and {len(seen) - SKIPPED_SHOWN} more" if len(seen) > SKIPPED_SHOWN else "")
 
 
 def message_id() -> str:
@@ -223,22 +232,47 @@ def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         raise bad_request("'messages' must be an array")
     if len(messages) > MAX_MESSAGES:
         raise bad_request(f"Field 'messages': at most {MAX_MESSAGES} messages, got {len(messages)}")
+    _count_blocks(body.get("system"), messages)
     system = system_text(body.get("system"))
     out = [] if system is None else [{"role": "system", "content": system}]
     for i, m in enumerate(messages):
         out += _message(m, i, i == len(messages) - 1)
+    if len(out) > MAX_MESSAGES:
+        raise bad_request(f"Field 'messages': at most {MAX_MESSAGES} messages, got {len(out)} (each tool_result "
+                          "block is a message of its own, and so is the system prompt)")
     return out
+
+
+def _count_blocks(system: Any, messages: list[Any]) -> None:
+    """At most ``MAX_MESSAGES`` content blocks in all (the system's, the messages' and their tool_results'),
+    counted before any is read: each ``tool_result`` block becomes a message of its own."""
+    def blocks(content: Any) -> int:
+        return len(content) if isinstance(content, list) else 0
+
+    def refuse(n: int) -> APIError:
+        return bad_request(f"Field 'messages': at most {MAX_MESSAGES} content blocks in all (the system's, the "
+                           f"messages' and their tool_results'), got {n}")
+
+    n = blocks(system) + sum(blocks(m.get("content")) for m in messages if isinstance(m, Mapping))
+    if n > MAX_MESSAGES:
+        raise refuse(n)
+    n += sum(blocks(b.get("content")) for m in messages if isinstance(m, Mapping) and isinstance(m.get("content"), list)
+             for b in m["content"] if isinstance(b, Mapping))
+    if n > MAX_MESSAGES:
+        raise refuse(n)
 
 
 def _tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     """Custom tools as OpenAI function tools; Anthropic's server and client tools (``bash_20250124``,
-    ``web_search_*``, ...) are left out, each type logged once (llama.cpp turns every tool into a function)."""
+    ``web_search_*``, ...) are left out, their types named in one log line per request (``skipped_types``;
+    llama.cpp turns every tool into a function)."""
     tools = body.get("tools")
     if tools is None:
         return None
     if not isinstance(tools, list):
         raise bad_request("tools: must be an array")
     out = []
+    skipped: list[str] = []
     for i, tool in enumerate(tools):
         if not isinstance(tool, Mapping):
             raise bad_request(f"tools.{i}: a tool must be an object")
@@ -248,28 +282,32 @@ def _tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
         if not isinstance(kind, str):
             raise bad_request(f"tools.{i}: 'type' must be a string")
         if kind != "custom":
-            if kind not in _IGNORED_TOOL_TYPES:
-                _IGNORED_TOOL_TYPES.add(kind)
-                log.warning("anthropic: tools of type %r are Anthropic's own tools; this server leaves them out", kind)
+            skipped.append(kind)
             continue
         schema = tool.get("input_schema", {})
         if not isinstance(schema, Mapping):
             raise bad_request(f"tools.{i}: 'input_schema' must be a JSON schema object")
         out.append({"type": "function", "function": {"name": tool.get("name"), "description": tool.get("description"),
                                                       "parameters": schema}})
+    if skipped:
+        log.warning("anthropic: %d tools of Anthropic's own types left out (this server runs custom tools only): %s",
+                    len(skipped), skipped_types(skipped))
     return out
 
 
 def tool_request(body: Mapping[str, Any]) -> ToolRequest | None:
     """``tools`` and ``tool_choice`` as a ``ToolRequest``: ``auto``, ``any`` (required), ``tool`` (that one,
     required; llama.cpp makes it ``required`` over every tool) and ``none``; ``disable_parallel_tool_use`` turns
-    parallel calls off."""
+    parallel calls off. ``any`` and ``tool`` without a custom tool to call are a 400, as Anthropic answers them."""
     oai: dict[str, Any] = {"tools": _tools(body)}
     choice = body.get("tool_choice")
     if choice is not None:
         if not isinstance(choice, Mapping) or choice.get("type") not in ("auto", "any", "tool", "none"):
             raise bad_request("tool_choice: must be {\"type\": \"auto\" | \"any\" | \"tool\" | \"none\"}")
         kind = choice["type"]
+        if kind in ("any", "tool") and not oai["tools"]:
+            raise bad_request(f"tool_choice: {{\"type\": \"{kind}\"}} needs at least one tool in 'tools' (this "
+                              "server calls custom tools only)")
         if kind == "tool":
             if not isinstance(choice.get("name"), str):
                 raise bad_request("tool_choice: {\"type\": \"tool\"} needs the tool's 'name'")
@@ -341,13 +379,15 @@ def translate(body: Mapping[str, Any], reasoning_format: str, count: bool = Fals
 # --- answer -> response -------------------------------------------------------------------------------------------
 
 
-def tool_input(arguments: str) -> Any:
-    """A call's arguments as the ``input`` value: the JSON they hold, ``{}`` when they are not JSON (llama.cpp's
-    ``to_json_anthropic``)."""
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A call's arguments as the ``input`` object: the JSON object they hold, ``{}`` when they are not JSON
+    (llama.cpp's ``to_json_anthropic``) or hold another value (llama.cpp would send that value; Anthropic's
+    ``input`` is always an object)."""
     try:
-        return json.loads(arguments)
+        value = json.loads(arguments)
     except ValueError:
         return {}
+    return value if isinstance(value, dict) else {}
 
 
 def stop_reason(final: Final, tool_calls: bool, stops: tuple[str, ...]) -> tuple[str, str | None]:
@@ -410,6 +450,7 @@ class EventWriter:
         self.n_blocks = 0
         self.open: tuple[str, int] | None = None  # the open block's kind and index
         self.tools: dict[int, int] = {}  # a call's index -> its block's index
+        self.objects: dict[int, bool] = {}  # a call's index -> whether its arguments are a JSON object
 
     def start(self, n_prompt: int, n_cached: int) -> bytes:
         """``message_start``, with the prompt's tokens (``input_tokens`` without the cached prefix), and a ping."""
@@ -466,10 +507,22 @@ class EventWriter:
                     b, self.tools[d.tool_index] = self._open("tool_use", {
                         "type": "tool_use", "id": self._tool_id(d, final), "name": d.tool_name, "input": {}})
                     out += b
-                if d.tool_arguments:
-                    out += self._delta(self.tools[d.tool_index],
-                                       {"type": "input_json_delta", "partial_json": d.tool_arguments})
+                partial = self._object_json(d.tool_index, d.tool_arguments)
+                if partial:
+                    out += self._delta(self.tools[d.tool_index], {"type": "input_json_delta", "partial_json": partial})
         return out
+
+    def _object_json(self, index: int, text: str) -> str:
+        """A call's argument text as ``input_json_delta`` sends it: all of it when the arguments start an object,
+        none when they start another value (the block's ``input`` stays ``{}``, as ``tool_input`` makes it), and
+        leading whitespace dropped until their first character says which."""
+        is_object = self.objects.get(index)
+        if is_object is None:
+            text = text.lstrip()
+            if not text:
+                return ""
+            is_object = self.objects[index] = text[0] == "{"
+        return text if is_object else ""
 
     def token(self, text: str) -> bytes:
         """The events of a token's text (none while the chat layer holds it back)."""

@@ -18,6 +18,7 @@ from typing import Any
 
 from samplechain.chat import ChatMessage
 from samplechain.runtime.events import Final
+from samplechain.server.anthropic_wire import skipped_types
 from samplechain.server.limits import MAX_MESSAGES, APIError, bad_request, check_schema
 
 log = logging.getLogger(__name__)
@@ -202,26 +203,43 @@ def add_item(messages: list[dict[str, Any]], item: Any, where: str, store: Respo
                           "function_call, function_call_output, reasoning and item_reference items)")
 
 
+def _count_parts(items: list[Any]) -> None:
+    """At most ``MAX_MESSAGES`` content parts in all over the input items (a message's ``content``, a
+    function_call_output's ``output``, a reasoning item's ``content``), counted before any is read."""
+    n = sum(len(part) for item in items if isinstance(item, Mapping)
+            for part in (item.get("content"), item.get("output")) if isinstance(part, list))
+    if n > MAX_MESSAGES:
+        raise bad_request(f"Field 'input': at most {MAX_MESSAGES} content parts in all, got {n}")
+
+
 def input_messages(body: Mapping[str, Any], history: list[dict[str, Any]],
                    store: ResponseStore | None) -> list[dict[str, Any]]:
     """``input`` (a string: one user message; or an array of items) after ``history`` (the previous response's
-    conversation), as chat messages with text-part contents."""
+    conversation), as chat messages with text-part contents: at most ``MAX_MESSAGES`` of them, the history's
+    included. A follow-up of a previous response needs new input (its conversation ends with the answer: the chat
+    layer would continue that answer, as a prefill)."""
     value = body.get("input")
+    if history and (value is None or value == []):
+        raise bad_request("Field 'input': a request with 'previous_response_id' needs new input (the previous "
+                          "response's conversation ends with its answer)")
     messages = copy.deepcopy(history)  # items merge into its last message: the stored one stays as it was
     if isinstance(value, str):
         messages.append({"role": "user", "content": value})
     elif isinstance(value, list):
         if len(value) > MAX_MESSAGES:
             raise bad_request(f"Field 'input': at most {MAX_MESSAGES} items, got {len(value)}")
+        _count_parts(value)
         for i, item in enumerate(value):
             add_item(messages, item, f"input[{i}]", store)
     elif value is None:
-        if not history:
-            raise bad_request("'input' is required")
+        raise bad_request("'input' is required")
     else:
         raise bad_request("'input' must be a string or an array of input items")
     if not messages:
         raise bad_request("'input' has no items")
+    if len(messages) > MAX_MESSAGES:
+        raise bad_request(f"Field 'input': at most {MAX_MESSAGES} messages, got {len(messages)} (the items as chat "
+                          "messages, after the previous response's conversation)")
     return messages
 
 
@@ -230,20 +248,21 @@ def input_messages(body: Mapping[str, Any], history: list[dict[str, Any]],
 
 def function_tools(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """``tools``: the function tools (flat: ``{type, name, description, parameters, strict}``); other types (hosted
-    tools: web search, file search, computer use, MCP, shell, namespaces...) are skipped with a log line each, as
-    llama.cpp skips them."""
+    tools: web search, file search, computer use, MCP, shell, namespaces...) are skipped, as llama.cpp skips them,
+    their types named in one log line per request (``skipped_types``)."""
     tools = body.get("tools")
     if tools is None:
         return []
     if not isinstance(tools, list):
         raise bad_request("'tools' must be an array of objects")
     out = []
+    skipped: list[str] = []
     for i, tool in enumerate(tools):
         if not isinstance(tool, Mapping):
             raise bad_request(f"tools[{i}]: a tool must be an object")
         kind = tool.get("type")
         if kind != "function":
-            log.info("responses: tool %d of type %r skipped (only function tools run here)", i, str(kind)[:64])
+            skipped.append(str(kind)[:64])
             continue
         name, params, desc = tool.get("name"), tool.get("parameters"), tool.get("description")
         if not isinstance(name, str) or not name:
@@ -254,12 +273,17 @@ def function_tools(body: Mapping[str, Any]) -> list[dict[str, Any]]:
             raise bad_request(f"tools[{i}] ({name}): 'description' must be a string")
         out.append({"type": "function", "name": name, "description": desc, "parameters": dict(params or {}),
                     "strict": tool.get("strict", True)})
+    if skipped:
+        log.info("responses: %d tools skipped (only function tools run here), of types %s", len(skipped),
+                 skipped_types(skipped))
     return out
 
 
 def tool_body(body: Mapping[str, Any], tools: list[dict[str, Any]]) -> dict[str, Any]:
     """The tools, ``tool_choice`` and ``parallel_tool_calls`` in chat completions' shapes (for ``tool_request``):
-    a choice is auto / none / required, ``{type: function, name}`` or ``{type: allowed_tools, mode, tools}``."""
+    a choice is auto / none / required, ``{type: function, name}`` or ``{type: allowed_tools, mode, tools}``
+    (its function entries name function tools; the others, hosted tools, are skipped). A choice that requires a
+    call with no function tool to call is a 400."""
     choice = body.get("tool_choice")
     chat_tools = [{"type": "function", "function": {"name": t["name"], "description": t["description"] or "",
                                                     "parameters": t["parameters"]}} for t in tools]
@@ -274,8 +298,11 @@ def tool_body(body: Mapping[str, Any], tools: list[dict[str, Any]]) -> dict[str,
             mode = choice.get("mode", "auto")
             if not isinstance(allowed, list) or mode not in ("auto", "required"):
                 raise bad_request("Field 'tool_choice': allowed_tools needs 'mode' auto or required and 'tools'")
-            names = {t.get("name") for t in allowed if isinstance(t, Mapping) and t.get("type") == "function"}
+            names = allowed_names(allowed)
             chat_tools = [t for t in chat_tools if t["function"]["name"] in names]
+            if mode == "required" and not chat_tools:
+                raise bad_request("Field 'tool_choice': allowed_tools with mode 'required' allows none of the "
+                                  "request's function tools")
             choice = mode
         else:
             raise bad_request(f"Field 'tool_choice': {str(kind)[:64]!r} tools do not run here (only function tools)")
@@ -283,11 +310,29 @@ def tool_body(body: Mapping[str, Any], tools: list[dict[str, Any]]) -> dict[str,
         raise bad_request(f"Field 'tool_choice': must be \"auto\", \"none\", \"required\" or an object, got "
                           f"{str(choice)[:64]!r}")
     if not chat_tools:
+        if choice == "required" or isinstance(choice, Mapping):
+            raise bad_request("Field 'tool_choice': a required or named tool choice needs at least one function "
+                              "tool in 'tools'")
         choice = None  # nothing to call: the choice says nothing
     out: dict[str, Any] = {"tools": chat_tools, "tool_choice": choice}
     if body.get("parallel_tool_calls") is not None:
         out["parallel_tool_calls"] = body["parallel_tool_calls"]
     return out
+
+
+def allowed_names(allowed: list[Any]) -> set[str]:
+    """The names of ``allowed_tools``' function entries (``{"type": "function", "name": ...}``), checked."""
+    names = set()
+    for k, t in enumerate(allowed):
+        if not isinstance(t, Mapping):
+            raise bad_request(f"Field 'tool_choice': allowed_tools.tools[{k}] must be an object")
+        if t.get("type") != "function":
+            continue
+        name = t.get("name")
+        if not isinstance(name, str) or not name:
+            raise bad_request(f"Field 'tool_choice': allowed_tools.tools[{k}] needs a non-empty string 'name'")
+        names.add(name)
+    return names
 
 
 def text_schema(body: Mapping[str, Any]) -> Any:
@@ -434,6 +479,26 @@ def assistant_message(output: list[dict[str, Any]]) -> dict[str, Any] | None:
                                                      "function": {"name": item["name"],
                                                                   "arguments": item["arguments"]}})
     return msg if msg["content"] or len(msg) > 2 else None
+
+
+def answered(history: list[dict[str, Any]], answer: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The conversation to store: ``history`` and the ``answer`` (``assistant_message``). When the history ends
+    with the assistant's message, the answer continued it (a prefill): the two are stored as one message, the
+    prefill's text first (its parts joined as the chat layer joined them), so a follow-up's conversation never
+    ends with two assistant messages."""
+    if answer is None:
+        return list(history)
+    if not history or history[-1]["role"] != "assistant":
+        return [*history, answer]
+    head = dict(history[-1])
+    text = head.get("content") or ""
+    text = text if isinstance(text, str) else "\n\n".join(p["text"] for p in text)
+    head["content"] = text + answer["content"]
+    if answer.get("reasoning_content"):
+        head["reasoning_content"] = head.get("reasoning_content", "") + answer["reasoning_content"]
+    if answer.get("tool_calls"):
+        head["tool_calls"] = [*head.get("tool_calls", []), *answer["tool_calls"]]
+    return [*history[:-1], head]
 
 
 @dataclass

@@ -87,8 +87,7 @@ def keep(state: ServerState, p: Prepared, response: dict[str, Any]) -> None:
     """A finished response into the store (unless ``store: false``): its object, its conversation and its items."""
     if p.settings.body.get("store") is False:
         return
-    answer = rw.assistant_message(response["output"])
-    history = [*p.history, answer] if answer is not None else list(p.history)
+    history = rw.answered(p.history, rw.assistant_message(response["output"]))
     items = {**p.items, **{item["id"]: item for item in response["output"]}}
     state.responses.put(response["id"], rw.Stored(response, history, items))
 
@@ -264,11 +263,14 @@ def router(state: ServerState) -> APIRouter:
         rid, created = rw.new_id("resp_"), int(time.time())
         if not p.opts.stream:
             final = (await run.finals())[0]
-            msg = parse_final(final.content, p.chat.syntax)
-            done = final.stop_type in ("eos", "word")
-            output = rw.output_items(msg, not done)
-            response = p.settings.response(rid, created, "completed" if done else "incomplete", output,
+
+            def whole() -> dict[str, Any]:  # parsing and counting the reasoning's tokens: off the event loop
+                msg = parse_final(final.content, p.chat.syntax)
+                done = final.stop_type in ("eos", "word")
+                return p.settings.response(rid, created, "completed" if done else "incomplete",
+                                           rw.output_items(msg, not done),
                                            rw.usage(final, reasoning_tokens(msg.reasoning_content)))
+            response = await asyncio.to_thread(whole)
             keep(state, p, response)
             return reply(response)
         await run.started()
@@ -289,8 +291,8 @@ def router(state: ServerState) -> APIRouter:
                         yield chunk
                 elif isinstance(ev, Final):
                     final = ev
-            if final is not None:
-                chunk, response = stream.finish(final, reasoning_tokens)
+            if final is not None:  # the last parse and the reasoning's tokens counted off the event loop
+                chunk, response = await asyncio.to_thread(stream.finish, final, reasoning_tokens)
                 keep(state, p, response)
                 yield chunk
         return streaming(events(), run)
