@@ -23,9 +23,9 @@ LAYERS = {
     "runtime": {"device", "params", "gguf", "chat"},
     "speculative": {"runtime"},
     "trace": {"params", "runtime"},
-    "integrations": {"device", "params"},
+    "integrations": {"device", "params", "server"},
     "server": {"runtime", "speculative", "trace", "chat"},
-    "cli": {"server"},
+    "cli": {"server", "integrations"},
 }
 
 
