@@ -47,7 +47,7 @@ import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from samplechain.device.batch import BatchSampler
-from samplechain.param_specs import declarations, first_present
+from samplechain.param_specs import declarations
 from samplechain.params import CommonSampler, SamplingParams
 
 logger = logging.getLogger("samplechain.vllm")
@@ -80,27 +80,16 @@ def request_params(extra_args: Mapping[str, Any], vllm_seed: int | None = None, 
     defaults (``json_schema`` as llama-server reads it: ``{}`` is any object). The seed: ``extra_args["seed"]``,
     else vLLM's ``seed``, else a random one; choice ``i`` of ``n`` gets ``seed + i`` (llama-server's rule)."""
     from samplechain.grammar import json_schema_to_gbnf
-    from samplechain.grammar.json_schema import server_response_schema
+    from samplechain.server.limits import APIError
+    from samplechain.server.request import Defaults, parse_sampling
 
     body = {ALIASES.get(k, k): v for k, v in extra_args.items() if k in FIELDS and k not in (OPT_IN, PROBS_KEY)}
-    if body.get("json_schema") is not None and body.get("grammar"):
-        raise ValueError("Cannot use both json_schema and grammar")
-    defaults = SamplingParams()
-    values: dict[str, Any] = {}
-    for d in declarations(SamplingParams):  # llama-server's reading of each field (server/sampling_fields.py)
-        found = first_present(body, d.request_names)
-        if found is not None:
-            name, value = found
-            try:
-                values[d.name] = d.read_json(value, getattr(defaults, d.name))
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"Field '{name}': {e}") from None
-    if values.get("grammar"):
-        values.pop("json_schema", None)
-    elif "json_schema" in values:
-        values["json_schema"] = server_response_schema(values["json_schema"])
-        json_schema_to_gbnf(values["json_schema"])  # an invalid schema is refused at admission
-    params = dataclasses.replace(defaults, **values)
+    try:  # the server's reading of the fields, with its limits (schema and grammar sizes, counts, texts)
+        params = parse_sampling(body, Defaults())
+    except APIError as e:
+        raise ValueError(e.message) from None
+    if params.json_schema is not None and not params.grammar:
+        json_schema_to_gbnf(params.json_schema)  # an invalid schema is refused at admission
     if "seed" not in body and vllm_seed is not None:
         params = dataclasses.replace(params, seed=int(vllm_seed) & 0xFFFFFFFF)
     if choice and params.seed != _DEFAULT_SEED:
