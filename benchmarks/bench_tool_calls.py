@@ -70,7 +70,7 @@ def with_template(model, name: str | None):
     return out
 
 
-MAX_TOKENS, TEMPERATURE = 96, 1.0
+MAX_TOKENS, TEMPERATURE = 192, 1.0  # room for the multi-token markers of DeepSeek, GPT-OSS, ... in SmolLM2's vocabulary
 
 
 def _valid(calls: list[tuple[str, object]]) -> bool:
