@@ -1,3 +1,4 @@
+# ruff: noqa: RUF001  (DeepSeek's markers are full-width characters)
 """The chat layer's reading of answers at its edges: a thinking block the prompt left open, a stream cut inside a
 tool call, ids in a format's shape, and text nested past Python's stack."""
 
@@ -73,3 +74,20 @@ def test_a_history_call_nested_past_pythons_stack_renders_as_its_text():
                 {"role": "tool", "tool_call_id": "a", "content": "ok"}]
     params = apply(ChatTemplate("chatml", builtin=True), messages, parse_tool_request({"tools": [TOOL]}))
     assert deep in params.prompt
+
+
+def test_calls_in_a_thinking_block_never_closed_are_calls():
+    # DeepSeek R1's grammar lets "</think>" out when the prompt opened the block; SmolLM2 then writes the call
+    # straight away: read whole it is the call, streamed the reasoning already sent stands and the call follows it
+    from samplechain.chat.formats import DEEPSEEK_R1
+
+    syntax = ChatSyntax(DEEPSEEK_R1, True, thinking_open=True)
+    text = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\": \"x\"}\n```"
+            "<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+    assert parse(text, syntax) == ChatMessage("", [ToolCall("f", '{"a": "x"}')])
+    stream = MessageStream(syntax)
+    diffs = [d for i in range(0, len(text), 5) for d in stream.update(text[i:i + 5])]
+    diffs += stream.update("", final=True)
+    assert "".join(d.reasoning for d in diffs) == text
+    assert [(d.tool_name, d.tool_arguments) for d in diffs if d.tool_index == 0] == [("f", '{"a": "x"}')]
+    assert parse("just thinking", syntax) == ChatMessage("", reasoning_content="just thinking")

@@ -67,10 +67,25 @@ def _parsed(syntax: ChatSyntax, text: str, partial: bool) -> ChatMessage | None:
 def parse(text: str, syntax: ChatSyntax, partial: bool = False) -> ChatMessage:
     """The whole answer ``text`` as reasoning, content and tool calls (``partial``: the text so far of a stream;
     what may still be a tag or a call is held back)."""
-    thought, content = syntax.splitter().push(text, final=not partial)
+    splitter = syntax.splitter()
+    thought, content = splitter.push(text, final=not partial)
+    if not partial and splitter.state == "think":
+        calls = _unclosed_calls(syntax, thought)
+        if calls is not None:
+            return calls
     msg = parse_content(syntax, content, partial)
     msg.reasoning_content = thought + msg.reasoning_content
     return msg
+
+
+def _unclosed_calls(syntax: ChatSyntax, thought: str) -> ChatMessage | None:
+    """An answer the prompt opened the thinking block for, that never closed it but is tool calls in the format
+    (its grammar lets the end tag out, and a small model does): the calls, not a reasoning that holds them (llama.cpp
+    keeps an unclosed block as reasoning; its DeepSeek V3.1 parser reads it as content)."""
+    if not syntax.parse:
+        return None
+    msg = _parsed(syntax, thought, False)
+    return msg if msg is not None and msg.tool_calls else None
 
 
 @dataclass
@@ -115,6 +130,10 @@ class MessageStream:
                 parsed = ChatMessage(prev.content, prev.tool_calls, reasoning_content="")
             new = parsed if parsed is not None else ChatMessage() if not final else ChatMessage(self.content)
             new.reasoning_content = self.thought + new.reasoning_content
+        if final and self.syntax.parse and self.splitter.state == "think" and not prev.tool_calls:
+            calls = _unclosed_calls(self.syntax, self.thought)
+            if calls is not None:  # the reasoning streamed stands; the calls follow it
+                new = ChatMessage("", calls.tool_calls, reasoning_content=self.thought)
         out = []
         if new.reasoning_content != prev.reasoning_content and new.reasoning_content.startswith(
                 prev.reasoning_content):
