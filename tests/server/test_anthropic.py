@@ -430,7 +430,7 @@ def test_count_tokens_refuses_text_that_cannot_fit(server):
     ``/v1/messages`` does (4M characters were tokenized, holding the GIL for seconds); text that fits is counted."""
     huge = body_with("x" * 4_000_000)
     message = f"request (4000000 characters) exceeds the available context size ({N_CTX_SLOT} tokens), try " \
-              "increasing it"
+              "increasing it (serve -c / --ctx-size; each of the -np slots holds -c / -np)"
     assert both_routes(server, huge) == [(400, message)] * 2
     fits = call(server, "POST", "/v1/messages/count_tokens", body_with("Tell me about colours. " * 900))
     assert fits.status == 200 and fits.json()["input_tokens"] > N_CTX_SLOT  # counted, even past the context

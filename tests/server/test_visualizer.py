@@ -136,7 +136,8 @@ def test_trace_beyond_the_context_is_400(server):
     assert r.status == 400
     assert r.json() == {"error": {"code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": 11,
                                   "n_ctx": 256, "message": "request (201 tokens and 64 steps) exceeds the available "
-                                                           "context size (256 tokens), try increasing it"}}
+                                                           "context size (256 tokens), try increasing it (serve -c "
+                                                           "/ --ctx-size; each of the -np slots holds -c / -np)"}}
 
 
 def test_page_and_assets_are_public_and_the_trace_is_not(smol):

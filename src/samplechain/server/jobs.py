@@ -11,7 +11,8 @@ from samplechain.chat import ChatOptions, ChatParams, ToolRequest
 from samplechain.grammar.json_schema import server_response_schema
 from samplechain.params import SamplingParams
 from samplechain.server import request as rq
-from samplechain.server.request import APIError, Options, bad_request
+from samplechain.server.limits import context_error
+from samplechain.server.request import Options, bad_request
 
 if TYPE_CHECKING:
     from samplechain.server.state import ServerState
@@ -45,9 +46,7 @@ def check_fits(state: ServerState, tokens: list[int]) -> None:
     """A prompt must leave a slot's context room for one token, and must not be empty."""
     n_ctx = state.running_engine.n_ctx_slot
     if len(tokens) >= n_ctx:
-        raise APIError(400, f"request ({len(tokens)} tokens) exceeds the available context size ({n_ctx} "
-                       "tokens), try increasing it", "exceed_context_size_error",
-                       n_prompt_tokens=len(tokens), n_ctx=n_ctx)
+        raise context_error(f"{len(tokens)} tokens", n_ctx, n_prompt_tokens=len(tokens))
     if not tokens:
         raise bad_request("the prompt is empty")
 

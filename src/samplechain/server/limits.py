@@ -24,6 +24,14 @@ def bad_request(message: str) -> APIError:
     return APIError(400, message)
 
 
+def context_error(what: str, n_ctx: int, **extra: Any) -> APIError:
+    """llama-server's 400 for a request that cannot fit a slot's context (``what``: its size), naming the flag that
+    sets it: a slot holds ``-c`` / ``-np`` tokens."""
+    return APIError(400, f"request ({what}) exceeds the available context size ({n_ctx} tokens), try increasing it "
+                    "(serve -c / --ctx-size; each of the -np slots holds -c / -np)", "exceed_context_size_error",
+                    **extra, n_ctx=n_ctx)
+
+
 # --- limits: a request's cost is bounded before its work starts (each breach is a 400 that names the limit) ------
 
 MAX_JSON_DEPTH = 64  # nesting of the request body (llama-server's parser has no limit; Python's recursion has)

@@ -11,7 +11,7 @@ from samplechain import chat
 from samplechain.chat import ChatOptions, ChatParams, ChatTemplate, ToolRequest
 from samplechain.chat.template import starts_with_bos
 from samplechain.runtime.generation import Model
-from samplechain.server.limits import MAX_COMPLETIONS, MAX_MESSAGES, APIError, bad_request, check_schema
+from samplechain.server.limits import MAX_COMPLETIONS, MAX_MESSAGES, APIError, bad_request, check_schema, context_error
 
 
 def max_prompt_chars(model: Model, n_ctx: int) -> int:
@@ -27,8 +27,7 @@ def check_length(model: Model, n_chars: int, n_ctx: int | None) -> None:
     """A text of ``n_chars`` characters too long for ``n_ctx`` tokens is refused before it is tokenized
     (``max_prompt_chars``)."""
     if n_ctx is not None and n_chars > max_prompt_chars(model, n_ctx):
-        raise APIError(400, f"request ({n_chars} characters) exceeds the available context size ({n_ctx} tokens), "
-                       "try increasing it", "exceed_context_size_error", n_ctx=n_ctx)
+        raise context_error(f"{n_chars} characters", n_ctx)
 
 
 def tokenize_mixed(model: Model, prompt: Any, add_special: bool = True, n_ctx: int | None = None,

@@ -20,6 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from samplechain.server import request as rq
+from samplechain.server.limits import context_error
 from samplechain.server.request import APIError, bad_request
 from samplechain.server.responses import reply
 
@@ -69,9 +70,8 @@ def router(state: Any) -> APIRouter:
         n_ctx = engine.n_ctx_slot
         n_needed = len(tokens) + len(generated) + steps
         if n_needed > n_ctx:
-            raise APIError(400, f"request ({len(tokens) + len(generated)} tokens and {steps} steps) exceeds the "
-                           f"available context size ({n_ctx} tokens), try increasing it", "exceed_context_size_error",
-                           n_prompt_tokens=len(tokens), n_ctx=n_ctx)
+            raise context_error(f"{len(tokens) + len(generated)} tokens and {steps} steps", n_ctx,
+                                n_prompt_tokens=len(tokens))
 
         def run() -> Any:  # on the engine thread
             from samplechain.trace import TraceContext, trace
