@@ -1,5 +1,6 @@
 """Stream chunks from typed engine events, without a model: the shapes of OpenAI's chat and completion streams."""
 
+from samplechain.chat import ChatSyntax
 from samplechain.runtime.events import Error, Final, Progress, Token
 from samplechain.server.request import Options
 from samplechain.server.responses import BUILD_INFO, ChatStream, error_event, oai_completion_chunk, prompt_progress, sse
@@ -22,7 +23,7 @@ def delta(d: dict) -> dict:
 
 
 def test_chat_stream_sends_the_role_first_and_the_reasoning_apart():
-    chat = ChatStream("chatcmpl-x", "m", 123, Options(), thinking=True, started=False, with_logprobs=False)
+    chat = ChatStream("chatcmpl-x", "m", 123, Options(), ChatSyntax(), with_logprobs=False)
     assert chat.chunks(0, token("<think>")) == [delta({"role": "assistant", "content": None})]
     assert chat.chunks(0, token("hm")) == [delta({"reasoning_content": "hm"})]
     assert chat.chunks(0, token("</think>Hi")) == [delta({"content": "Hi"})]
@@ -32,7 +33,7 @@ def test_chat_stream_sends_the_role_first_and_the_reasoning_apart():
 
 
 def test_chat_stream_progress_rides_on_the_role_chunk_and_usage_comes_last():
-    chat = ChatStream("chatcmpl-x", "m", 123, Options(include_usage=True), thinking=False, started=False,
+    chat = ChatStream("chatcmpl-x", "m", 123, Options(include_usage=True), ChatSyntax(extract_reasoning=False),
                       with_logprobs=True)
     progress = Progress(id_slot=0, n_prompt=3, total=3, cache=1, processed=1, time_ms=0.5)
     assert chat.chunks(0, progress) == [{**delta({"role": "assistant", "content": None}),
