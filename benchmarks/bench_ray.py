@@ -1,7 +1,9 @@
 """Ray Serve (``samplechain serve --ray``) against a bare ``samplechain serve``, on this machine's cores.
 
 1. Throughput: 16 concurrent chat requests (one client thread each, 32 tokens each, ignore_eos) on a bare server,
-   Ray with 1 replica, and Ray with 2 replicas (the cores split between them).
+   Ray with 1 replica (all the cores), Ray with 1 replica of half the cores, and Ray with 2 replicas (the cores
+   split between them). "vs 1 replica" compares with one replica of the same threads (the scaling of replicas:
+   issue 34's floor, 2 replicas >= 1.4x); "vs bare" with the bare server on every core.
 2. Overhead: one short request at a time (1 token), median latency, bare vs Ray (proxy + front + handle hops).
 
     make bench-ray     (in .venv-ray; every request goes to 127.0.0.1)
@@ -117,21 +119,23 @@ def main() -> None:
     rows.append(("bare samplechain serve", args.threads, tps, wall, lat, "-"))
     init_ray(num_cpus=4)
     try:
-        for replicas in (1, 2):
-            threads = max(1, args.threads // replicas)
+        half = max(1, args.threads // 2)
+        for replicas, threads in ((1, args.threads), (1, half), (2, half)):
             (tps, wall, split), lat = on_ray(replicas, threads)
             rows.append((f"Ray Serve, {replicas} replica{'s' * (replicas > 1)}", threads, tps, wall, lat,
                          "/".join(str(n) for _, n in sorted(split.items()))))
     finally:
         ray.shutdown()
-    base_tps, base_lat, one_tps = rows[0][2], rows[0][4], rows[1][2]
+    base_tps, base_lat = rows[0][2], rows[0][4]
+    one = {threads: tps for name, threads, tps, *_ in rows[1:] if "1 replica" in name}
     print(f"\n{CONCURRENT} concurrent chat requests x {TOKENS} tokens (one client thread each), {SLOTS} slots per "
           f"server, {os.cpu_count()} cores; latency: median of {PROBES} one-token requests one at a time\n")
     print("| setup | threads/replica | tokens/s | wall s | vs bare | vs 1 replica | 1-token latency ms | "
           "overhead ms | requests per replica |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, threads, tps, wall, lat, split in rows:
-        print(f"| {name} | {threads} | {tps:.1f} | {wall:.2f} | {tps / base_tps:.2f}x | {tps / one_tps:.2f}x | "
+        vs_one = f"{tps / one[threads]:.2f}x" if threads in one and name != rows[0][0] else "-"
+        print(f"| {name} | {threads} | {tps:.1f} | {wall:.2f} | {tps / base_tps:.2f}x | {vs_one} | "
               f"{lat * 1000:.1f} | {(lat - base_lat) * 1000:+.1f} | {split} |")
 
 
