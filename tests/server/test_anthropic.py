@@ -352,7 +352,8 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
      "a thinking block needs a string 'thinking'"),
     (body_with(42), "messages.0: 'content' must be a string or an array of content blocks"),
     ({"max_tokens": 8, "messages": [{"role": "user"}]}, "messages.0: 'content' is required"),
-    ({"max_tokens": 8, "messages": [{"role": "system", "content": "x"}]}, "the top-level 'system' field"),
+    ({"max_tokens": 8, "messages": [{"role": "tool", "content": "x"}]},
+     "messages.0: unexpected role 'tool': a message's role is 'user', 'assistant' or 'system'"),
     ({"max_tokens": 8, "messages": "hi"}, "'messages' must be an array"),
     ({"max_tokens": 8}, "'messages' is required"),
     ({"messages": COLOURS}, "max_tokens: Field required"),
@@ -608,3 +609,17 @@ def test_translation_of_blocks_to_messages():
     assert wire.system_text([{"type": "text", "text": "x-anthropic-billing-header: a=1; cch=a5145; b=2"},
                              {"type": "text", "text": "Hi"}]) == "x-anthropic-billing-header: a=1; cch=fffff; b=2\nHi"
 
+
+
+def test_mid_conversation_system_messages_join_the_system_prompt(server):
+    # Claude Code 2.1.197 sends system messages inside `messages` (its "mid-conversation-system" beta): they join
+    # the system prompt in order, since most templates take a system message only first
+    inside = {"model": "m", "max_tokens": 4, "system": "You are brief.", **GREEDY,
+              "messages": [{"role": "user", "content": "Name three colours."},
+                           {"role": "system", "content": "Agents: none."}]}
+    joined = {**inside, "system": "You are brief.\nAgents: none.",
+              "messages": [{"role": "user", "content": "Name three colours."}]}
+    counts = [call(server, "POST", "/v1/messages/count_tokens", b).json()["input_tokens"] for b in (inside, joined)]
+    assert counts[0] == counts[1]
+    answers = [call(server, "POST", "/v1/messages", b).json() for b in (inside, joined)]
+    assert answers[0]["content"] == answers[1]["content"] and answers[0]["stop_reason"] == "max_tokens"

@@ -165,9 +165,9 @@ def _message(m: Any, i: int, last: bool) -> list[dict[str, Any]]:
     if not isinstance(m, Mapping):
         raise bad_request(f"messages.{i}: a message must be an object with a role and content")
     role = m.get("role")
-    if role not in ("user", "assistant"):
-        hint = " (the system prompt is the top-level 'system' field)" if role == "system" else ""
-        raise bad_request(f"messages.{i}: unexpected role {role!r}: a message's role is 'user' or 'assistant'{hint}")
+    if role not in ("user", "assistant", "system"):
+        raise bad_request(f"messages.{i}: unexpected role {role!r}: a message's role is 'user', 'assistant' or "
+                          "'system'")
     if "content" not in m:
         raise bad_request(f"messages.{i}: 'content' is required")
     content = m["content"]
@@ -234,9 +234,17 @@ def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         raise bad_request(f"Field 'messages': at most {MAX_MESSAGES} messages, got {len(messages)}")
     _count_blocks(body.get("system"), messages)
     system = system_text(body.get("system"))
-    out = [] if system is None else [{"role": "system", "content": system}]
+    texts = [] if system is None else [system]
+    out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
-        out += _message(m, i, i == len(messages) - 1)
+        for msg in _message(m, i, i == len(messages) - 1):
+            if msg["role"] == "system":  # Claude Code's mid-conversation system messages (a beta of theirs)
+                texts.append(msg["content"] if isinstance(msg["content"], str) else
+                             "\n".join(p["text"] for p in msg["content"]))
+            else:
+                out.append(msg)
+    if texts:  # most chat templates take a system message only first: they join the system prompt, in order
+        out.insert(0, {"role": "system", "content": "\n".join(texts)})
     if len(out) > MAX_MESSAGES:
         raise bad_request(f"Field 'messages': at most {MAX_MESSAGES} messages, got {len(out)} (each tool_result "
                           "block is a message of its own, and so is the system prompt)")
