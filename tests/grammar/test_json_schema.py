@@ -180,3 +180,23 @@ def test_deep_schemas_do_not_crash():
         deep = {"type": "array", "items": deep}
     with pytest.raises(GrammarError):
         convert(deep)
+
+
+@pytest.mark.parametrize(("schema", "lo", "hi"), [
+    # Claude Code's tool schemas bound integers by JSON's safe integers (2**53 - 1, 16 digits)
+    ({"type": "integer", "minimum": 0, "maximum": 2**53 - 1}, 0, 2**53 - 1),
+    ({"type": "integer", "exclusiveMinimum": 0, "maximum": 2**53 - 1}, 1, 2**53 - 1),
+    ({"type": "integer", "minimum": -(2**53 - 1), "maximum": 2**53 - 1}, -(2**53 - 1), 2**53 - 1),
+    ({"type": "integer", "maximum": 2**53 - 1}, -(10**16 - 1), 2**53 - 1),
+    ({"type": "integer", "minimum": 1234567890123456}, 1234567890123456, 10**16 - 1),
+])
+def test_integer_bounds_of_sixteen_digits(schema, lo, hi):
+    grammar = Grammar.from_gbnf(json_schema_to_gbnf(schema))
+
+    def takes(n: int) -> bool:
+        m = grammar.matcher()
+        return m.accept_str(str(n)) and m.is_accepting()
+
+    for n in (lo, hi, lo + 1, hi - 1, 0, 7, -7, 10**15, -(10**15), 2**53, -(2**53)):
+        assert takes(n) == (lo <= n <= hi), n
+    assert not takes(lo - 1) and not takes(hi + 1)

@@ -26,7 +26,7 @@ from samplechain.grammar.parser import GrammarError
 
 _INVALID_NAME = re.compile(r"[^a-zA-Z0-9-]+")
 _KEYWORDS_NOT_SCHEMAS = {"title", "description", "$schema", "$id", "default", "examples", "$comment"}
-MAX_INT_DIGITS = 15  # the integer-range construction allows at most 16 digits in a number
+MAX_INT_DIGITS = 16  # the integer-range construction allows at most 16 digits in a number (2**53 - 1 has 16)
 
 
 class _Converter:
@@ -191,8 +191,13 @@ class _Converter:
             hi = math.ceil(v) - 1
         if lo is None and hi is None:
             return self.primitive(rule_name, "integer")
+        widest = 10**MAX_INT_DIGITS - 1  # an open side's construction counts up to 15 digits from a 16-digit bound:
+        if lo is not None and hi is None and abs(lo) > widest // 10:  # close it at the digit cap, which equals it
+            hi = widest
+        elif hi is not None and lo is None and abs(hi) > widest // 10:
+            lo = -widest
         for v in (lo, hi):
-            if v is not None and abs(v) >= 10**MAX_INT_DIGITS:
+            if v is not None and abs(v) > widest:  # JSON's safe integers (2**53 - 1, agents' tool schemas) are in
                 raise GrammarError(f"integer bound {v} has more than {MAX_INT_DIGITS} digits (not supported)")
         if lo is not None and hi is not None and lo > hi:
             raise GrammarError(f"integer range is empty: minimum {lo} > maximum {hi}")
