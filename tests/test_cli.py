@@ -272,6 +272,13 @@ def test_serve_takes_llama_servers_flags(monkeypatch, capsys, tmp_path):
     config = got[0][0]
     assert (config.chat_template, config.use_jinja, config.enable_thinking, config.defaults.verbose) == (
         "llama3", False, None, False)
+    assert config.responses_store == 256
+    got.clear()
+    assert main(["serve", "--responses-store", "0"]) == 0
+    assert got[0][0].responses_store == 0
+    with pytest.raises(SystemExit):
+        main(["serve", "--responses-store", "-5"])
+    assert "argument --responses-store: must be >= 0, got -5" in capsys.readouterr().err
 
 def test_the_prompt_is_echoed_and_a_random_seed_is_printed_so_the_run_repeats(capsys, smol_cli):
     assert main(["generate", "-p", "Once upon a time", "-n", "6", "-s", "-1", "--no-perf"]) == 0

@@ -246,7 +246,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--ui", "--webui", dest="ui", action="store_true", default=True,
                    help="serve the sampler-chain visualizer at / (default)")
     o.add_argument("--no-ui", "--no-webui", dest="ui", action="store_false")
-    o.add_argument("--responses-store", type=int, default=256, metavar="N",
+    o.add_argument("--responses-store", type=_non_negative_int, default=256, metavar="N",
                    help="recent /v1/responses kept for previous_response_id (least recently used dropped; 0: none)")
     o.add_argument("--slot-save-path", default=None,
                    help="folder for POST /slots/{id}?action=save|restore (a slot's KV cells in a file)")
