@@ -69,9 +69,14 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
 _ALNUM = string.ascii_letters + string.digits
 
 
+def random_id(n: int, prefix: str = "") -> str:
+    """``prefix`` + ``n`` random alphanumerics: every id the chat layer and the server make."""
+    return prefix + "".join(secrets.choice(_ALNUM) for _ in range(n))
+
+
 def tool_call_id() -> str:
     """A tool call's id when the model gives none: 32 random alphanumerics (llama-server's ``gen_tool_call_id``)."""
-    return "".join(secrets.choice(_ALNUM) for _ in range(32))
+    return random_id(32)
 
 
 @dataclass

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
-import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from samplechain.chat import ChatMessage, ChatOptions, ChatSyntax, MessageDiff, MessageStream, ToolRequest, parse
+from samplechain.chat.messages import random_id
 from samplechain.chat.parse import parse_content
 from samplechain.runtime.events import Final
 from samplechain.server import prompts
@@ -25,7 +24,6 @@ from samplechain.server.responses import error_body, json_bytes
 
 log = logging.getLogger(__name__)
 
-_ALNUM = string.ascii_letters + string.digits
 # the body's Anthropic fields, translated here (never read as llama-server fields of the same name)
 _ANTHROPIC_FIELDS = ("messages", "system", "tools", "tool_choice", "stop_sequences", "max_tokens", "thinking",
                      "metadata", "n", "n_cmpl", "n_predict", "max_completion_tokens", "parallel_tool_calls")
@@ -43,12 +41,12 @@ def skipped_types(kinds: list[str]) -> str:
 
 def message_id() -> str:
     """``msg_`` + 24 random alphanumerics (Anthropic's shape; llama.cpp answers its ``chatcmpl-`` id)."""
-    return "msg_" + "".join(secrets.choice(_ALNUM) for _ in range(24))
+    return random_id(24, "msg_")
 
 
 def tool_use_id() -> str:
     """``toolu_`` + 24 random alphanumerics: a tool call's id when the model writes none."""
-    return "toolu_" + "".join(secrets.choice(_ALNUM) for _ in range(24))
+    return random_id(24, "toolu_")
 
 
 # --- request -> chat layer ----------------------------------------------------------------------------------------

@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import json
 import math
-import secrets
-import string
 import time
 from typing import Any
 
 from fastapi.responses import Response
 
 from samplechain.chat import ChatMessage, ChatSyntax, MessageDiff, MessageStream, parse
+from samplechain.chat.messages import random_id
 from samplechain.params import SamplingParams
 from samplechain.runtime.decoding import Timings
 from samplechain.runtime.events import Error, Final, Progress, Token
 from samplechain.server.request import APIError, Options, finite
 
 BUILD_INFO = "b1-samplechain"
-_ALNUM = string.ascii_letters + string.digits
 
 
 def json_bytes(obj: Any) -> bytes:
@@ -73,7 +71,7 @@ def sse(obj: Any) -> bytes:
 
 def completion_id() -> str:
     """``chatcmpl-`` + 32 random alphanumerics (also for legacy completions, as llama-server does)."""
-    return "chatcmpl-" + "".join(secrets.choice(_ALNUM) for _ in range(32))
+    return random_id(32, "chatcmpl-")
 
 
 def settings(params: SamplingParams, opts: Options | None = None, *, full: bool = False,

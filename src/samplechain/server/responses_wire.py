@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import secrets
-import string
 import threading
 import time
 from collections import OrderedDict
@@ -17,13 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from samplechain.chat import ChatMessage
+from samplechain.chat.messages import random_id
 from samplechain.runtime.events import Final
 from samplechain.server.anthropic_wire import skipped_types
 from samplechain.server.limits import MAX_MESSAGES, APIError, bad_request, check_schema
 
 log = logging.getLogger(__name__)
 
-_ALNUM = string.ascii_letters + string.digits
 
 # the request's own fields: translated here, never passed to the sampler as llama.cpp extras
 RESPONSES_KEYS = frozenset({
@@ -42,7 +40,7 @@ UNSUPPORTED_PARTS = {"input_image": "images need a vision model, and this one re
 
 def new_id(prefix: str) -> str:
     """``prefix`` + 48 random alphanumerics (OpenAI's ids are of this shape: ``resp_...``, ``msg_...``)."""
-    return prefix + "".join(secrets.choice(_ALNUM) for _ in range(48))
+    return random_id(48, prefix)
 
 
 # --- the store: recent responses, for previous_response_id, item_reference and GET ---------------------------------

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from samplechain.chat.formats.base import Format, FormatParams, ToolSetup
 from samplechain.chat.json_scan import Invalid, call_object, held_back, items, skip_ws
-from samplechain.chat.messages import ChatMessage, tool_call_id
+from samplechain.chat.messages import ChatMessage, random_id
 from samplechain.chat.tools import tool_names
 from samplechain.grammar.json_schema import GrammarBuilder
 from samplechain.params.checks import TRIGGER_WORD
@@ -28,7 +28,7 @@ class MistralNemo(Format):
     def new_id(self) -> str:
         """9 alphanumerics: Mistral's templates refuse other ids when the call comes back in the history (a stream
         fixes a call's id before the model writes its own, which comes after the arguments)."""
-        return tool_call_id()[:9]
+        return random_id(9)
 
     def params(self, setup: ToolSetup) -> FormatParams:
         return _mistral_nemo(setup.request.tools, setup.required, setup.parallel)
