@@ -11,6 +11,7 @@ API's shape.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import logging
 import os
@@ -51,15 +52,23 @@ def keep_grpc_on_loopback() -> None:
 
 
 class AffinityRouter(RequestRouter):
-    """Rendezvous hashing of a request's affinity key over the live replicas: every key has one preferred replica
-    (its cache), then a fixed order of the others (only a dead or new replica's keys move). A keyed or pinned
+    """Affinity with balance. A conversation's first request goes to the replica with the fewest requests in flight
+    (counted here, from routing to completion); the key is remembered (the most recent ``keys`` of them), and every
+    later request with that key goes to the same replica: its prompt cache. A keyed or pinned
     (``X-Samplechain-Replica``) request waits for its replica up to ``patience_s`` (Serve's queue-length probe
-    gives up after 0.1-1 s on a busy machine, which would scatter a conversation), then spills over in that order;
-    a dead replica leaves the candidates at once. A request without a key: two random replicas, Serve takes the less
-    loaded."""
+    gives up after 0.1-1 s on a busy machine, which would scatter a conversation), then spills over to the others
+    in rendezvous-hash order (a key forgotten, or its replica gone, is placed again the same way). A request without
+    a key: two random replicas, Serve takes the less loaded.
 
-    def initialize_state(self, patience_s: float = 30.0, **kwargs: Any) -> None:
+    Pure rendezvous hashing needs no memory, but it spreads new conversations by chance: 16 at once landed 5 and
+    11 on two replicas, and the busier one queued while the other idled."""
+
+    def initialize_state(self, patience_s: float = 30.0, keys: int = 65536, **kwargs: Any) -> None:
         self.patience_s = patience_s
+        self.max_keys = keys
+        self.placed: collections.OrderedDict[str, str] = collections.OrderedDict()  # key -> replica id
+        self.in_flight: collections.Counter[str] = collections.Counter()  # replica id -> requests
+        self.routed: dict[str, str] = {}  # internal request id -> replica id
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
@@ -69,19 +78,45 @@ class AffinityRouter(RequestRouter):
         key, pin = kwargs.get("affinity"), kwargs.get("pin")
         if not key and not pin:
             return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
+        ids = {r.replica_id.unique_id: r for r in candidate_replicas}
 
         def score(r: RunningReplica) -> bytes:
-            return hashlib.sha256(f"{key}|{r.replica_id.unique_id}".encode()).digest()
+            return hashlib.sha256(f"{key or pin}|{r.replica_id.unique_id}".encode()).digest()
 
-        ordered = sorted(candidate_replicas, key=lambda r: (r.replica_id.unique_id != pin, score(r)))
-        if pin and ordered[0].replica_id.unique_id != pin:  # the pinned replica is gone: by key (or any)
-            ordered = sorted(candidate_replicas, key=score, reverse=True) if key else ordered
-        elif not pin:
-            ordered = sorted(candidate_replicas, key=score, reverse=True)
+        by_hash = sorted(candidate_replicas, key=score, reverse=True)
+        first = ids.get(pin) if pin else None
+        if first is None and key:
+            first = ids.get(self.placed.get(key, ""))
+            if first is None:  # a new conversation (or its replica is gone): the least loaded replica
+                first = min(by_hash, key=lambda r: self.in_flight[r.replica_id.unique_id])
+            self.placed[key] = first.replica_id.unique_id
+            self.placed.move_to_end(key)
+            while len(self.placed) > self.max_keys:
+                self.placed.popitem(last=False)
+        ordered = [first, *(r for r in by_hash if r is not first)] if first is not None else by_hash
         waited = time.time() - pending_request.created_at if pending_request is not None else 0.0
         if waited < getattr(self, "patience_s", 30.0):
+            self._count(pending_request, ordered[0])
             return [ordered[:1]]
         return [[r] for r in ordered]
+
+    def _count(self, pending_request: PendingRequest | None, replica: RunningReplica) -> None:
+        """The request is counted on the replica it was sent to (a retry of it moves its count)."""
+        if pending_request is None:
+            return
+        request_id = pending_request.metadata.internal_request_id
+        previous = self.routed.pop(request_id, None)
+        if previous is not None:
+            self.in_flight[previous] -= 1
+        self.routed[request_id] = replica.replica_id.unique_id
+        self.in_flight[replica.replica_id.unique_id] += 1
+
+    def on_request_completed(self, replica_id: Any, internal_request_id: str) -> None:
+        counted = self.routed.pop(internal_request_id, None)
+        if counted is not None:
+            self.in_flight[counted] -= 1
+            if self.in_flight[counted] <= 0:
+                del self.in_flight[counted]
 
 
 class SamplechainEngine:
