@@ -23,6 +23,7 @@ from ray import serve
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from samplechain.integrations import ray_wire as wire
+from samplechain.server.relay import RESPONSES_PATHS, StreamTail
 from samplechain.server.request import MAX_BODY, APIError
 
 logger = logging.getLogger("ray.serve")
@@ -207,8 +208,8 @@ class SamplechainFront:
                    "query_string": scope.get("query_string", b"").decode("latin-1"), "client": scope.get("client")}
         pin = named.get(wire.REPLICA_HEADER)
         deadline = time.monotonic() + self.start_timeout_s
-        tail = wire.StreamTail(path)
-        learn = path.startswith(wire.RESPONSES_PATHS) and method == "POST"
+        tail = StreamTail(path)
+        learn = path.startswith(RESPONSES_PATHS) and method == "POST"
         attempt = 0
         while True:
             replica, started, streaming = None, False, False

@@ -13,19 +13,18 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import re
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from samplechain.server.anthropic_wire import error_event as anthropic_error_event
+from samplechain.server import relay
+from samplechain.server.relay import RESPONSE_ID, RESPONSES_PATHS
 from samplechain.server.request import APIError
-from samplechain.server.responses import error_body, json_bytes, sse
+from samplechain.server.responses import json_bytes
 
 REPLICA_HEADER = "x-samplechain-replica"  # on every answer: the replica that answered (also a request's pin)
 CONVERSATION_HEADER = "x-conversation-id"  # an explicit conversation: its turns go to one replica
 PREFIX_CHARS = 512  # a raw prompt's affinity: its first characters (a later turn appends to the prompt)
-RESPONSES_PATHS = ("/v1/responses", "/responses")
 
 
 # --- affinity: which conversation a request continues ----------------------------------------------------------
@@ -91,7 +90,7 @@ class ResponseMap:
     """Responses API ids -> the affinity key of the request that made them (the replica that stores them), so
     ``previous_response_id`` and ``GET /v1/responses/{id}`` reach it; the least recently used are dropped."""
 
-    ID = re.compile(rb'"id"\s*:\s*"(resp_[A-Za-z0-9]+)"')
+    ID = RESPONSE_ID
 
     def __init__(self, size: int = 4096) -> None:
         self.size, self.keys = size, OrderedDict[str, str]()
@@ -118,53 +117,10 @@ class ResponseMap:
 # --- failures in the API's shape ---------------------------------------------------------------------------------
 
 
-class StreamTail:
-    """What a front needs to end a cut stream in its API's shape: for the Responses API, the last
-    ``sequence_number`` and the response's id (its final ``error`` + ``response.failed`` events continue them)."""
-
-    SEQ = re.compile(rb'"sequence_number"\s*:\s*(\d+)')
-
-    def __init__(self, path: str) -> None:
-        self.path, self.seq, self.rid = path, -1, None
-
-    def see(self, chunk: bytes) -> None:
-        if not self.path.startswith(RESPONSES_PATHS):
-            return
-        numbers = self.SEQ.findall(chunk)
-        if numbers:
-            self.seq = int(numbers[-1])
-        if self.rid is None:
-            found = ResponseMap.ID.search(chunk)
-            if found is not None:
-                self.rid = found.group(1).decode()
-
-    def final_event(self, e: APIError) -> bytes:
-        """The stream's last event: Anthropic's ``event: error``; the Responses API's ``error`` then
-        ``response.failed``; ``data: {"error": ...}`` elsewhere (llama-server's and OpenAI's streams)."""
-        if self.path.startswith(("/v1/messages", "/messages")):
-            return anthropic_error_event(e)
-        if self.path.startswith(RESPONSES_PATHS):
-            out = b""
-            for kind, data in (("error", {"code": e.kind, "message": e.message, "param": None}),
-                               ("response.failed", {"response": {"id": self.rid, "object": "response",
-                                                                 "status": "failed",
-                                                                 "error": {"code": "server_error",
-                                                                           "message": e.message}}})):
-                self.seq += 1
-                out += (b"event: " + kind.encode() + b"\ndata: "
-                        + json_bytes({"type": kind, "sequence_number": self.seq, **data}) + b"\n\n")
-            return out
-        return sse(e.body())
-
-
 def error_response(path: str, e: APIError, replica: str | None = None) -> tuple[int, list[tuple[bytes, bytes]],
                                                                                  bytes]:
-    """An error answer before anything was sent: (status, headers, JSON body in the API's shape)."""
-    body = json_bytes(error_body(path, e))
-    headers = [(b"content-type", b"application/json; charset=utf-8"), (b"content-length", str(len(body)).encode())]
-    if replica:
-        headers.append((REPLICA_HEADER.encode(), replica.encode()))
-    return e.code, headers, body
+    """An error answer before anything was sent, naming the replica that answered it."""
+    return relay.error_response(path, e, [(REPLICA_HEADER.encode(), replica.encode())] if replica else [])
 
 
 # --- one ASGI request, run in-process on a replica ---------------------------------------------------------------
