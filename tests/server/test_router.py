@@ -271,9 +271,9 @@ def test_24_concurrent_requests_over_3_models_with_room_for_2(models_dir: Path):
         assert sorted(r.models.table[n].stops for n in NAMES) == [0, 0, 1]
         alive = [n for n in NAMES if r.models.table[n].process is not None]
         assert len(alive) == 2
-        for (name, i, stream), g in zip(jobs, got):
+        for (name, i, stream), g in zip(jobs, got, strict=True):
             if name in alive:
                 assert text_of(g) == text_of(complete(r.url, name, i, stream=stream)), (name, i)
-        for (name, i, stream), g in zip(jobs, got):  # the evicted model's texts, loaded again alone
+        for (name, i, stream), g in zip(jobs, got, strict=True):  # the evicted model's texts, loaded again alone
             if name not in alive:
                 assert text_of(g) == text_of(complete(r.url, name, i, stream=stream)), (name, i)

@@ -37,6 +37,7 @@ from samplechain.server import (
 from samplechain.server.request import MAX_BODY, APIError
 from samplechain.server.responses import reply
 from samplechain.server.run import ClientGone
+from samplechain.server.sleep import needs_model
 from samplechain.server.state import ServerConfig, ServerState
 
 __all__ = ["BackgroundServer", "Gate", "HTTPServer", "ServerConfig", "ServerState", "create_app", "serve", "start"]
@@ -52,7 +53,8 @@ PUBLIC_PATHS = ("/health", "/v1/health", *FRONTEND_PATHS)
 
 class Gate:
     """Pure ASGI middleware in llama-server's order (spec/server.md §2.2): CORS headers, OPTIONS answered at once,
-    503 while loading, the API key, then the route."""
+    503 while loading, the API key, then the route; with ``--sleep-idle-seconds``, a request that needs the model
+    wakes it and waits for it (server/sleep.py)."""
 
     def __init__(self, app: Callable, state: ServerState) -> None:
         self.app, self.state = app, state
@@ -129,9 +131,19 @@ class Gate:
         if length is not None and length.isdigit() and int(length) > MAX_BODY:
             await _error(send_with, path, APIError(413, "Payload Too Large", "invalid_request_error"))
             return
+        sleeper = self.state.sleeper
+        uses_model = sleeper is not None and not frontend and needs_model(self.app, scope)
+        if uses_model:  # in flight until its response is sent; a sleeping model is woken and waited for
+            try:
+                await sleeper.enter()
+            except APIError as e:
+                await _error(send_with, path, e)
+                return
         try:
             await self.app(scope, receive, send_with)
         finally:
+            if uses_model:
+                sleeper.leave()
             if scope.get(rq.LARGE_BODY_KEY):
                 await asyncio.to_thread(rq.release_memory)
 
@@ -201,7 +213,7 @@ class HTTPServer:
     process exits 0 (uvicorn's own handler re-raises the signal after its shutdown, which exits with -15). A
     second signal quits at once."""
 
-    def __init__(self, state: ServerState, log_level: str, backlog: int = 2048) -> None:
+    def __init__(self, state: ServerState, log_level: str, backlog: int = 2048, app: Callable | None = None) -> None:
         import uvicorn
 
         from samplechain.server.connection import timed
@@ -227,7 +239,7 @@ class HTTPServer:
 
         self.sockets = listen(c.host, c.port)
         self.server = Server(uvicorn.Config(
-            Gate(create_app(state), state), host=c.host, port=c.port, log_level=log_level, backlog=backlog,
+            Gate(app or create_app(state), state), host=c.host, port=c.port, log_level=log_level, backlog=backlog,
             http=timed(c.head_timeout, c.timeout), timeout_keep_alive=5, server_header=False,
             # a backstop only: the engine cuts every task at the end of the grace period (after its step)
             timeout_graceful_shutdown=max(c.shutdown_grace, 0) + 30))
@@ -259,8 +271,7 @@ class HTTPServer:
 
     def shutdown(self) -> None:
         """Stop accepting and drain the engine (see the class)."""
-        if self.state.engine is not None:
-            self.state.engine.drain(max(self.state.config.shutdown_grace, 0))
+        self.state.drain(max(self.state.config.shutdown_grace, 0))
         self.server.should_exit = True
 
 

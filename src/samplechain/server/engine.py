@@ -20,6 +20,7 @@ HTTP handlers only submit tasks and read events; everything that touches the mod
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -36,6 +37,8 @@ from samplechain.runtime.events import Begin, Embeddings, Error, Event, Final, P
 from samplechain.runtime.generation import Model
 from samplechain.runtime.kv_cache import KVCacheFull
 from samplechain.runtime.sequence import Sequence as CacheSequence
+from samplechain.server.metrics import Metrics
+from samplechain.server.slot import Slot
 
 SLOT_PROMPT_SIMILARITY = 0.10
 SHUTTING_DOWN = Error(503, "the server is shutting down", "unavailable_error")
@@ -62,66 +65,6 @@ class Task:
     cancelled: threading.Event = field(default_factory=threading.Event)
     embedding: bool = False  # an embedding task: its prompt's vector(s), pooled as the engine pools (no sampling)
     embd_normalize: int = 2  # how its pooled vector is normalized (common_embd_normalize: 2 = euclidean)
-
-
-class Slot:
-    """One sequence of the cache (a ``Sequence``) and, while a task runs in it, the task and its ``Decoder``."""
-
-    def __init__(self, sid: int, seq: CacheSequence) -> None:
-        self.id, self.seq, self.n_ctx = sid, seq, seq.n_ctx
-        self.running: tuple[Task, Decoder] | None = None  # set and cleared whole: other threads read it
-        self.t_used = 0.0
-        self.n_served = 0
-        self.last_task: dict[str, Any] | None = None  # /slots: what the slot ran last
-        self.drafter: Any = None  # with a draft model: its DraftModel over this slot's draft sequence
-
-    @property
-    def task(self) -> Task | None:
-        running = self.running
-        return None if running is None else running[0]
-
-    @property
-    def decoder(self) -> Decoder | None:
-        running = self.running
-        return None if running is None else running[1]
-
-    @property
-    def busy(self) -> bool:
-        return self.running is not None
-
-    @property
-    def reading(self) -> bool:
-        """Its prompt is still being decoded (nothing sampled yet)."""
-        return self.decoder is not None and self.decoder.last is None
-
-    @property
-    def embedding(self) -> bool:
-        """It runs an embedding task (no decoder)."""
-        running = self.running
-        return running is not None and running[1] is None
-
-    def info(self) -> tuple[bool, dict[str, Any] | None]:
-        """For ``/slots``: whether a task runs, and what it does; idle, the last task's id and parameters with the
-        counters reset, as llama-server's released slot shows them (its cells' tokens, nothing decoded, no budget).
-        Safe from any thread."""
-        running = self.running
-        if running is None:
-            last = self.last_task
-            if last is None:
-                return False, None
-            return False, {**last, "n_prompt_tokens": len(self.seq.tokens), "n_prompt_tokens_processed": 0,
-                           "n_prompt_tokens_cache": 0, "n_decoded": 0, "n_remain": -1, "has_new_line": False}
-        task, d = running
-        if d is None:  # an embedding task
-            return True, {"id_task": task.id, "n_prompt_tokens": len(task.tokens),
-                          "n_prompt_tokens_processed": len(task.tokens), "n_prompt_tokens_cache": 0,
-                          "params": task.params, "n_decoded": 0, "n_predict": task.n_predict, "n_remain": -1,
-                          "has_new_line": False}
-        return True, {"id_task": task.id, "n_prompt_tokens": len(task.tokens),
-                      "n_prompt_tokens_processed": d.timings.n_prompt, "n_prompt_tokens_cache": d.timings.n_reused,
-                      "params": task.params, "n_decoded": len(d.generated), "n_predict": task.n_predict,
-                      "n_remain": -1 if task.n_predict < 0 else max(task.n_predict - len(d.generated), 0),
-                      "has_new_line": d.has_new_line}
 
 
 class Engine:
@@ -177,6 +120,10 @@ class Engine:
         self._drain_deadline: float | None = None  # shutting down: running tasks are cut at this time
         self.metrics = Metrics()
         self.step_hook: Callable[[], None] | None = None  # called before each forward (tests slow steps down)
+        # a server that sleeps (server/sleep.py): asked when the engine is idle, the seconds it may wait for work
+        # before it asks again (math.inf: until work comes); 0 or less: the engine sleeps (``run`` returns)
+        self.idle_timer: Callable[[], float] | None = None
+        self.asleep = False  # ``run`` returned to sleep (not stopped)
 
     # --- the HTTP side ---------------------------------------------------------------------------
 
@@ -195,6 +142,10 @@ class Engine:
         self._inbox.put(None)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
+
+    def poke(self) -> None:
+        """Wake the loop, to look again at what it waits for (the idle timer)."""
+        self._inbox.put(None)
 
     def drain(self, grace: float) -> None:
         """Shut down gracefully: queued and new tasks end at once with a 503; running tasks may finish within
@@ -269,9 +220,16 @@ class Engine:
     def _loop(self) -> None:
         while not self._stopping:
             block = not self._deferred and not any(s.busy for s in self.slots)
+            timeout = None
+            if block and self.idle_timer is not None and self._drain_deadline is None and self._inbox.empty():
+                wait = self.idle_timer()
+                if wait <= 0:
+                    self.asleep = True
+                    return
+                timeout = None if wait == math.inf else wait
             try:
                 while True:
-                    item = self._inbox.get(block=block, timeout=None)
+                    item = self._inbox.get(block=block, timeout=timeout)
                     block = False
                     if isinstance(item, Task):
                         if self._drain_deadline is None:
@@ -586,45 +544,3 @@ class Engine:
         s.t_used = time.perf_counter()
         s.n_served += 1
 
-
-class Metrics:
-    """Counters for ``/metrics`` (llama-server's names, spec/server.md §3.13)."""
-
-    def __init__(self) -> None:
-        self.prompt_tokens_total = 0
-        self.prompt_seconds_total = 0.0
-        self.tokens_predicted_total = 0
-        self.tokens_predicted_seconds_total = 0.0
-        self.n_cached = 0
-        self.n_decode_total = 0
-        self.n_tokens_max = 0
-        self.n_busy_slots_total = 0
-        self.requests_deferred = 0
-        # the window since the last scrape
-        self.window_prompt = [0, 0.0]
-        self.window_predicted = [0, 0.0]
-        self.spec_drafts = 0
-        self.spec_draft_tokens = 0
-        self.spec_accepted_tokens = 0
-
-    def add_draft(self, n_drafted: int, n_accepted: int) -> None:
-        self.spec_drafts += 1
-        self.spec_draft_tokens += n_drafted
-        self.spec_accepted_tokens += n_accepted
-
-    def add_decode(self, n_tokens: int, n_busy: int) -> None:
-        self.n_decode_total += 1
-        self.n_tokens_max = max(self.n_tokens_max, n_tokens)
-        self.n_busy_slots_total += n_busy
-
-    def add_prompt(self, n: int, seconds: float) -> None:
-        self.prompt_tokens_total += n
-        self.prompt_seconds_total += seconds
-        self.window_prompt[0] += n
-        self.window_prompt[1] += seconds
-
-    def add_predicted(self, n: int, seconds: float) -> None:
-        self.tokens_predicted_total += n
-        self.tokens_predicted_seconds_total += seconds
-        self.window_predicted[0] += n
-        self.window_predicted[1] += seconds

@@ -127,3 +127,17 @@ def prepare_messages(state: ServerState, fields: dict[str, Any], messages: list[
     tokens = rq.tokenize_mixed(state.model, chat.prompt, n_ctx=n_ctx)
     check_fits(state, tokens)
     return params, opts, jobs(state, params, opts, [tokens]), chat
+
+
+def input_tokens(state: ServerState, messages: list[dict[str, Any]], request: ToolRequest | None,
+                 options: ChatOptions) -> int:
+    """The prompt tokens a chat request of any protocol would use, rendered and tokenized as its completion route
+    renders it (llama.cpp's ``handle_count_tokens`` behind ``/chat/completions/input_tokens``,
+    ``/v1/responses/input_tokens`` and ``/v1/messages/count_tokens``); nothing runs. Text that cannot fit in a
+    slot's context is refused before it is rendered or tokenized, as the completion routes refuse it (the
+    tokenizer holds the GIL: an unbounded text would stall every stream); a prompt past the context is counted."""
+    if request is not None and not state.config.use_jinja:
+        raise bad_request("tools param requires --jinja flag")
+    n_ctx = state.running_engine.n_ctx_slot
+    chat = rq.chat_apply(state.model, messages, request, options, n_ctx)
+    return len(rq.tokenize_mixed(state.model, chat.prompt, n_ctx=n_ctx))

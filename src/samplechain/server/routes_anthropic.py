@@ -17,8 +17,7 @@ from samplechain.chat import ChatParams
 from samplechain.runtime.events import Error, Final, Progress, Token
 from samplechain.server import anthropic_wire as wire
 from samplechain.server import request as rq
-from samplechain.server.jobs import Job, prepare_messages
-from samplechain.server.limits import bad_request
+from samplechain.server.jobs import Job, input_tokens, prepare_messages
 from samplechain.server.request import Options
 from samplechain.server.responses import error_event, reply
 from samplechain.server.run import Run, streaming
@@ -62,18 +61,12 @@ def router(state: ServerState) -> APIRouter:
     @routes.post("/messages/count_tokens")
     async def count_tokens(req: Request) -> Response:
         """The prompt tokens the same request would use, rendered and tokenized as ``messages`` does (llama.cpp's
-        ``handle_count_tokens``); nothing runs and ``max_tokens`` is not required. Text that cannot fit in a slot's
-        context is refused before it is rendered or tokenized, as ``messages`` refuses it (the tokenizer holds the
-        GIL: an unbounded text would stall every stream)."""
+        ``handle_count_tokens``, ``jobs.input_tokens``); nothing runs and ``max_tokens`` is not required."""
         body = await rq.read_json(req)
 
         def count() -> int:
             t = wire.translate(body, state.config.reasoning_format, count=True)
-            if t.request is not None and not state.config.use_jinja:
-                raise bad_request("tools param requires --jinja flag")
-            n_ctx = state.running_engine.n_ctx_slot
-            chat = rq.chat_apply(state.model, t.messages, t.request, t.options, n_ctx)
-            return len(rq.tokenize_mixed(state.model, chat.prompt, n_ctx=n_ctx))
+            return input_tokens(state, t.messages, t.request, t.options)
         return reply({"input_tokens": await asyncio.to_thread(count)})
 
     return routes

@@ -21,6 +21,7 @@ from samplechain.server import request as rq
 from samplechain.server import responses as rs
 from samplechain.server.infill import fim_tokens, infill_body
 from samplechain.server.jobs import prepare_completion
+from samplechain.server.metrics import render as render_metrics
 from samplechain.server.request import APIError, Options, bad_request
 from samplechain.server.responses import error_event, reply, sse
 from samplechain.server.run import Run, streaming
@@ -56,25 +57,8 @@ def router(state: ServerState) -> APIRouter:
 
     @routes.get("/props")
     async def props() -> Response:
-        m = state.model
-        vocab = m.vocab
-        opts = Options(n_predict=config.defaults.n_predict, n_keep=config.defaults.n_keep)
-
-        def text(t: int | None) -> str:
-            return vocab.token_bytes(t).decode("utf-8", "replace") if t is not None else ""
-
-        return reply({
-            "default_generation_settings": {"params": rs.settings(config.defaults.params, opts),
-                                            "n_ctx": state.running_engine.n_ctx_slot},
-            "total_slots": config.n_slots, "model_alias": state.model_id,
-            "model_path": os.path.basename(m.path),  # the file's name: its folder is nobody's business
-            "modalities": {"vision": False, "video": False, "audio": False},
-            "endpoint_slots": config.slots, "endpoint_props": config.props, "endpoint_metrics": config.metrics,
-            "chat_template": vocab.chat_template or "",
-            "chat_template_caps": ChatTemplate.of(vocab).caps.to_json(), "bos_token": text(vocab.bos),
-            "eos_token": text(vocab.eos), "build_info": rs.BUILD_INFO, "is_sleeping": False,
-            "ui": False, "cors_proxy_enabled": False,
-        })
+        with state.loaded() as awake:  # sleeping: as it was on entering sleep (llama-server's cached props)
+            return reply(props_body(state, False) if awake else state.snapshots["props"])
 
     @routes.post("/props")
     async def set_props() -> Response:
@@ -205,38 +189,17 @@ def router(state: ServerState) -> APIRouter:
         if not config.metrics:
             raise APIError(501, "This server does not support metrics endpoint. Start it with `--metrics`",
                            "not_supported_error")
-        eng = state.running_engine
-        m = eng.metrics
-        wp, wd = m.window_prompt, m.window_predicted
-        rows = [
-            ("counter", "prompt_tokens_total", "Number of prompt tokens processed.", m.prompt_tokens_total),
-            ("counter", "prompt_tokens_cached_total", "Number of prompt tokens reused from the cache.", m.n_cached),
-            ("counter", "prompt_seconds_total", "Prompt process time", m.prompt_seconds_total),
-            ("counter", "tokens_predicted_total", "Number of generation tokens processed.",
-             m.tokens_predicted_total),
-            ("counter", "tokens_predicted_seconds_total", "Predict process time",
-             m.tokens_predicted_seconds_total),
-            ("counter", "n_decode_total", "Total number of llama_decode() calls", m.n_decode_total),
-            ("counter", "n_tokens_max", "Largest observed n_tokens.", m.n_tokens_max),
-            ("counter", "spec_decode_num_drafts_total", "Number of speculative drafts.", m.spec_drafts),
-            ("counter", "spec_decode_num_draft_tokens_total", "Number of drafted tokens.", m.spec_draft_tokens),
-            ("counter", "spec_decode_num_accepted_tokens_total", "Number of accepted draft tokens.",
-             m.spec_accepted_tokens),
-            ("gauge", "n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
-             m.n_busy_slots_total / m.n_decode_total if m.n_decode_total else 0.0),
-            ("gauge", "prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
-             wp[0] / wp[1] if wp[1] > 0 else 0.0),
-            ("gauge", "predicted_tokens_seconds", "Average generation throughput in tokens/s.",
-             wd[0] / wd[1] if wd[1] > 0 else 0.0),
-            ("gauge", "requests_processing", "Number of requests processing.", sum(s.busy for s in eng.slots)),
-            ("gauge", "requests_deferred", "Number of requests deferred.", eng.n_deferred),
-        ]
-        m.window_prompt, m.window_predicted = [0, 0.0], [0, 0.0]
-        lines = []
-        for kind, name, help_text, value in rows:
-            lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}",
-                      f"llamacpp:{name} {value}"]
-        return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4",
+        with state.loaded() as awake:
+            if awake:
+                eng = state.running_engine
+                m = eng.metrics
+                text = render_metrics(m, sum(s.busy for s in eng.slots), eng.n_deferred)
+            else:  # sleeping: the counters as the last scrape awake saw them; the window is reported once
+                m = state.sleep_metrics
+                text = render_metrics(m, 0, 0)
+                state.scraped_asleep = True
+            m.reset_window()
+        return Response(text, media_type="text/plain; version=0.0.4",
                         headers={"Process-Start-Time-Unix": str(int(state.started))})
 
     @routes.post("/completion")
@@ -281,6 +244,30 @@ def router(state: ServerState) -> APIRouter:
         return streaming(events(), run)
 
     return routes
+
+
+def props_body(state: ServerState, sleeping: bool) -> dict[str, Any]:
+    """``/props`` of the loaded model (and its snapshot on entering sleep, ``ServerState._on_sleep``)."""
+    config = state.config
+    m = state.model
+    vocab = m.vocab
+    opts = Options(n_predict=config.defaults.n_predict, n_keep=config.defaults.n_keep)
+
+    def text(t: int | None) -> str:
+        return vocab.token_bytes(t).decode("utf-8", "replace") if t is not None else ""
+
+    return {
+        "default_generation_settings": {"params": rs.settings(config.defaults.params, opts),
+                                        "n_ctx": state.running_engine.n_ctx_slot},
+        "total_slots": config.n_slots, "model_alias": state.model_id,
+        "model_path": os.path.basename(m.path),  # the file's name: its folder is nobody's business
+        "modalities": {"vision": False, "video": False, "audio": False},
+        "endpoint_slots": config.slots, "endpoint_props": config.props, "endpoint_metrics": config.metrics,
+        "chat_template": vocab.chat_template or "",
+        "chat_template_caps": ChatTemplate.of(vocab).caps.to_json(), "bos_token": text(vocab.bos),
+        "eos_token": text(vocab.eos), "build_info": rs.BUILD_INFO, "is_sleeping": sleeping,
+        "ui": False, "cors_proxy_enabled": False,
+    }
 
 
 # --- a slot's cells in a file: run on the engine thread, between two steps, once the slot is idle -----------------

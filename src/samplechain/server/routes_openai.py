@@ -6,7 +6,7 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -14,7 +14,7 @@ from fastapi.responses import Response
 from samplechain.runtime.events import Error, Final, Token
 from samplechain.server import request as rq
 from samplechain.server import responses as rs
-from samplechain.server.jobs import prepare_chat, prepare_completion
+from samplechain.server.jobs import input_tokens, prepare_chat, prepare_completion
 from samplechain.server.responses import error_event, reply, sse
 from samplechain.server.run import Run, streaming
 
@@ -30,21 +30,8 @@ def router(state: ServerState) -> APIRouter:
     @routes.get("/v1/models")
     @routes.get("/models")
     async def models() -> Response:
-        m = state.model
-        meta = {"vocab_type": 2, "n_vocab": m.config.n_vocab, "n_ctx": state.running_engine.n_ctx_slot,
-                "n_ctx_train": m.config.n_ctx_train, "n_embd": m.config.n_embd,
-                "n_params": m.transformer.n_params if hasattr(m.transformer, "n_params") else 0,
-                "size": os.path.getsize(m.path), "ftype": ""}
-        mid = state.model_id
-        return reply({"object": "list",
-                      "data": [{"id": mid, "aliases": sorted(config.alias), "tags": sorted(config.tags),
-                                "object": "model", "created": int(time.time()), "owned_by": "samplechain",
-                                "meta": meta}],
-                      "models": [{"name": mid, "model": mid, "modified_at": "", "size": "", "digest": "",
-                                  "type": "model", "description": "", "tags": [""], "capabilities": ["completion"],
-                                  "parameters": "", "details": {"parent_model": "", "format": "gguf", "family": "",
-                                                                "families": [""], "parameter_size": "",
-                                                                "quantization_level": ""}}]})
+        with state.loaded() as awake:  # sleeping: as it was on entering sleep (llama-server's cached models)
+            return reply(models_body(state) if awake else state.snapshots["models"])
 
     @routes.post("/v1/completions")
     async def oai_completions(req: Request) -> Response:
@@ -116,11 +103,31 @@ def router(state: ServerState) -> APIRouter:
         body = await rq.read_json(req)
 
         def count() -> int:
-            try:
-                text, _ = rq.chat_prompt(state.model, body)
-            except ValueError as e:
-                raise rq.bad_request(str(e)) from None
-            return len(rq.tokenize_mixed(state.model, text))
+            request = rq.tool_request(body)
+            if request is not None and request.choice != "none" and body.get("grammar") is not None:
+                raise rq.bad_request("Cannot use custom grammar constraints with tools.")
+            options = rq.chat_options(body, None, config.reasoning_format)
+            return input_tokens(state, rq.chat_messages(body), request, options)
         return reply({"input_tokens": await asyncio.to_thread(count), "object": "response.input_tokens"})
 
     return routes
+
+
+def models_body(state: ServerState) -> dict[str, Any]:
+    """``/v1/models`` of the loaded model (and its snapshot on entering sleep, ``ServerState._on_sleep``)."""
+    config = state.config
+    m = state.model
+    meta = {"vocab_type": 2, "n_vocab": m.config.n_vocab, "n_ctx": state.running_engine.n_ctx_slot,
+            "n_ctx_train": m.config.n_ctx_train, "n_embd": m.config.n_embd,
+            "n_params": m.transformer.n_params if hasattr(m.transformer, "n_params") else 0,
+            "size": os.path.getsize(m.path), "ftype": ""}
+    mid = state.model_id
+    return {"object": "list",
+            "data": [{"id": mid, "aliases": sorted(config.alias), "tags": sorted(config.tags),
+                      "object": "model", "created": int(time.time()), "owned_by": "samplechain",
+                      "meta": meta}],
+            "models": [{"name": mid, "model": mid, "modified_at": "", "size": "", "digest": "",
+                        "type": "model", "description": "", "tags": [""], "capabilities": ["completion"],
+                        "parameters": "", "details": {"parent_model": "", "format": "gguf", "family": "",
+                                                      "families": [""], "parameter_size": "",
+                                                      "quantization_level": ""}}]}

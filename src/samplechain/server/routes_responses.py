@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from samplechain.chat import ChatParams, ChatSyntax, MessageDiff, MessageStream
+from samplechain.chat import ChatOptions, ChatParams, ChatSyntax, MessageDiff, MessageStream, ToolRequest
 from samplechain.grammar.json_schema import server_response_schema
 from samplechain.params import SamplingParams
 from samplechain.runtime.events import Error, Final, Progress, Token
 from samplechain.server import request as rq
 from samplechain.server import responses_wire as rw
-from samplechain.server.jobs import Job, prepare_messages
+from samplechain.server.jobs import Job, input_tokens, prepare_messages
 from samplechain.server.request import Options
 from samplechain.server.responses import json_bytes, parse_final, prompt_progress, reply
 from samplechain.server.run import Run, streaming
@@ -50,9 +50,21 @@ class Prepared:
     items: dict[str, dict[str, Any]]  # the input items that have ids (item_reference)
 
 
-def prepare(state: ServerState, body: dict[str, Any]) -> Prepared:
-    """The request through the chat layer (off the event loop): input items after the previous response's
-    conversation, the instructions first, function tools, ``text.format``, ``reasoning`` and the sampling fields."""
+@dataclass
+class ChatInputs:
+    """A Responses request as the chat layer's inputs (``translate``)."""
+
+    conversation: list[dict[str, Any]]  # the input items after the previous response's conversation
+    messages: list[dict[str, Any]]  # the same after the instructions
+    tools: list[dict[str, Any]]
+    request: ToolRequest | None
+    fields: dict[str, Any]  # llama-server's sampling fields
+    options: ChatOptions
+
+
+def translate(state: ServerState, body: dict[str, Any]) -> ChatInputs:
+    """The request as the chat layer's inputs: input items after the previous response's conversation, the
+    instructions first, function tools, ``text.format``, ``reasoning`` and the sampling fields."""
     rw.validate_settings(body)
     store = state.responses
     previous: list[dict[str, Any]] = []
@@ -74,13 +86,19 @@ def prepare(state: ServerState, body: dict[str, Any]) -> Prepared:
         raise rq.bad_request("Cannot use custom grammar constraints with tools.")
     options = rq.chat_options(rw.thinking_options(body), None if schema is None else server_response_schema(schema),
                               state.config.reasoning_format)
-    params, opts, todo, chat = prepare_messages(state, fields, messages, request, options)
+    return ChatInputs(conversation, messages, tools, request, fields, options)
+
+
+def prepare(state: ServerState, body: dict[str, Any]) -> Prepared:
+    """The request through the chat layer (off the event loop, ``translate``), ready to run."""
+    t = translate(state, body)
+    params, opts, todo, chat = prepare_messages(state, t.fields, t.messages, t.request, t.options)
     model = body.get("model") if isinstance(body.get("model"), str) and body.get("model") else state.model_id
-    settings = rw.Settings(model, tools, body, params.temperature, params.top_p)
+    settings = rw.Settings(model, t.tools, body, params.temperature, params.top_p)
     inputs = body.get("input") if isinstance(body.get("input"), list) else []
     items = {item["id"]: item for item in inputs if isinstance(item.get("id"), str) and item.get("type") !=
              "item_reference"}
-    return Prepared(params, opts, todo, chat, settings, conversation, items)
+    return Prepared(params, opts, todo, chat, settings, t.conversation, items)
 
 
 def keep(state: ServerState, p: Prepared, response: dict[str, Any]) -> None:
@@ -296,6 +314,18 @@ def router(state: ServerState) -> APIRouter:
                 keep(state, p, response)
                 yield chunk
         return streaming(events(), run)
+
+    @routes.post("/v1/responses/input_tokens")
+    @routes.post("/responses/input_tokens")
+    async def response_input_tokens(req: Request) -> Response:
+        """The prompt tokens the same request would use (llama-server's ``post_responses_tok_oai``): rendered and
+        tokenized as ``create_response`` does; nothing runs."""
+        body = await rq.read_json(req)
+
+        def count() -> int:
+            t = translate(state, body)
+            return input_tokens(state, t.messages, t.request, t.options)
+        return reply({"input_tokens": await asyncio.to_thread(count), "object": "response.input_tokens"})
 
     @routes.get("/v1/responses/{rid}")
     @routes.get("/responses/{rid}")
