@@ -10,7 +10,11 @@ that cannot be downloaded here (there is no network, and nothing here ever tries
 - ``-md/--model-draft`` becomes ``--model-draft STAND_IN``.
 
 ``STAND_IN`` is ``$SAMPLECHAIN_SUITE_MODEL`` (a GGUF path or a packaged model name), else the packaged default
-(SmolLM2-135M-Instruct). A server start without a model source (the suite's router preset) gets serve's default.
+(SmolLM2-135M-Instruct). A repo the suite's local hub serves (``$SAMPLECHAIN_SUITE_HUB_REPOS``, comma-separated:
+``llama_server_suite`` starts that hub) stays ``-hf REPO``, downloaded from it as from the real hub.
+
+A server start without any model source is llama-server's router mode; ``serve`` without one serves its packaged
+default model, and needs ``--router`` for that, which the shim adds.
 
 ``SAMPLECHAIN_SUITE_DROP_UNKNOWN=1`` is a diagnostic mode only (``llama_server_suite.py --drop-unknown``): flags
 that ``serve`` does not know are dropped, with one line each on stderr, so the rest of the suite can run while they
@@ -37,10 +41,16 @@ def translate(argv: list[str]) -> list[str]:
     """llama-server's command line -> serve's: model sources replaced by the stand-in, everything else as given."""
     out: list[str] = []
     model = draft = False
+    hub = [r for r in os.environ.get("SAMPLECHAIN_SUITE_HUB_REPOS", "").split(",") if r]
     i = 0
     while i < len(argv):
         arg = argv[i]
-        name, eq, _ = arg.partition("=")
+        name, eq, value = arg.partition("=")
+        value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        if name in ("-hf", "-hfr", "--hf-repo") and value.split(":")[0] in hub:
+            out += ["--hf-repo", value]
+            i += 1 if eq else 2
+            continue
         if name in MODEL_FLAGS or name in DRAFT_FLAGS:
             i += 1 if eq else 2  # the flag and its value
             if name in MODEL_FLAGS:
@@ -51,6 +61,8 @@ def translate(argv: list[str]) -> list[str]:
         out.append(arg)
         i += 1
     path = stand_in() if model or draft else ""
+    if not model and "--hf-repo" not in out:
+        out.append("--router")
     return (["--model", path] if model else []) + (["--model-draft", path] if draft else []) + out
 
 

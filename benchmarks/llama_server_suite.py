@@ -8,6 +8,11 @@ suite's downloads. Two things of the harness are adjusted, neither a test: the s
 preset once to download its model (``ServerPreset.load_all``) does nothing (there is nothing to download), and the
 file that the speculative tests download as a draft model is the stand-in, put where ``download_file`` looks.
 
+The router tests (``test_router``) name Hugging Face models and download one: the suite runs with ``HF_ENDPOINT``
+pointed at a local stand-in for the hub (``tests/local_hub.py``, on 127.0.0.1) serving those repos with the stand-in
+model as their files, and ``LLAMA_CACHE`` (where the router finds its models, as llama-server) holds the three that
+``load_all`` would have downloaded, fetched from it with ``-hf``'s own code before the suite starts.
+
 Each failure is classified: ``MODEL_TEXT`` lists the upstream tests that assert the tiny stories model's exact text,
 regex matches or token counts, with the reason; any other failure is "unexplained" and listed with the first line of
 its assertion (and serve's own error line when the server did not start).
@@ -35,7 +40,17 @@ ROOT = Path(__file__).resolve().parents[1]
 FILES = ("test_basic", "test_tokenize", "test_stream", "test_ignore_eos", "test_kv_keep_only_active", "test_ctx_shift",
          "test_metrics", "test_security", "test_completion", "test_chat_completion", "test_tool_call", "test_template",
          "test_slot_save", "test_speculative", "test_infill", "test_embedding", "test_compat_anthropic",
-         "test_compat_oai_responses")
+         "test_compat_oai_responses", "test_router", "test_sleep")
+# the suite's router tests name these hub models (ServerPreset.load_all downloads them into the cache first); the
+# local hub serves them, the stand-in model as each file, and the cache starts with the first three
+HUB_MODELS = {"ggml-org/tinygemma3-GGUF": "tinygemma3-Q8_0.gguf",
+              "ggml-org/test-model-stories260K": "stories260K-F32.gguf",
+              "ggml-org/test-model-stories260K-infill": "stories260K-infill-F32.gguf",
+              "ggml-org/test-model-router-download": "test-model-router-download-F16.gguf"}
+CACHED = ("ggml-org/tinygemma3-GGUF", "ggml-org/test-model-stories260K", "ggml-org/test-model-stories260K-infill")
+# test_router_remote_preset's repo: a preset.ini at its root makes `-hf` start a router with it
+PRESET_REPO = ("ggml-org/test-preset-ci", b"[tinygemma3-preset]\nhf-repo = ggml-org/tinygemma3-GGUF:Q8_0\n\n"
+               b"[stories260K-test]\nhf-repo = ggml-org/test-model-stories260K\n")
 DRAFT_DOWNLOADS = ("stories15M-q4_0.gguf",)  # files the suite fetches with download_file() into tests/tmp
 
 # Upstream tests whose failure the stand-in model's text alone explains: (test pattern ``file::test[params]``
@@ -210,10 +225,37 @@ def prepare(workdir: Path) -> Path:
     return tests
 
 
+def local_hub(workdir: Path) -> tuple[object, dict[str, str]]:
+    """The hub stand-in, started, and the suite's environment for it: ``HF_ENDPOINT`` and ``LLAMA_CACHE`` (filled
+    with the models ``load_all`` would have downloaded)."""
+    from benchmarks.llama_server_shim import stand_in
+    from local_hub import LocalHub
+    from samplechain.runtime.hub import download_model
+
+    model = Path(stand_in())
+    hub = LocalHub({**{repo: {name: model} for repo, name in HUB_MODELS.items()},
+                    PRESET_REPO[0]: {"preset.ini": PRESET_REPO[1]}}).start()
+    env = {"HF_ENDPOINT": hub.url, "LLAMA_CACHE": str(workdir / "hub-cache"), "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+           "SAMPLECHAIN_SUITE_HUB_REPOS": ",".join([*HUB_MODELS, PRESET_REPO[0]])}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        for repo in CACHED:
+            download_model(repo, offline=False)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return hub, env
+
+
 def run_suite(tests: Path, files: list[str], junit: Path, timeout: int, slow: bool, drop_unknown: bool,
-              select: str | None = None) -> int:
+              select: str | None = None, extra_env: dict[str, str] | None = None) -> int:
     """pytest over ``files`` in the copied suite (``select``: a ``-k`` expression); the report goes to ``junit``."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "DEBUG", "DEBUG_EXTERNAL")}
+    env.update(extra_env or {})
     src = str(ROOT / "src")
     env.update(LLAMA_SERVER_BIN_PATH=str(tests.parents[2] / "llama-server"), PORT=str(_free_port()),
                PYTHONPATH=os.pathsep.join([str(tests), src, str(ROOT)]))
@@ -333,7 +375,12 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="llama-server-suite-") as tmp:
             tests = prepare(Path(tmp))
             junit = args.junit or Path(tmp) / "junit.xml"
-            run_suite(tests, files, junit.resolve(), args.timeout, args.slow, args.drop_unknown, args.select)
+            hub, env = local_hub(Path(tmp))
+            try:
+                run_suite(tests, files, junit.resolve(), args.timeout, args.slow, args.drop_unknown, args.select,
+                          env)
+            finally:
+                hub.close()
             outcomes = parse(junit)
     print(table(outcomes, markdown=False))
     if any(o.model_text or o.not_provided for o in outcomes.values()):

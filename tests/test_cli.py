@@ -264,7 +264,7 @@ def test_serve_takes_llama_servers_flags(monkeypatch, capsys, tmp_path):
     assert config.defaults.params.backend_sampling is True and config.slots is False
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
     assert [n.split(":")[1].strip() for n in notes] == [
-        "--offline", "--tools", "--ui-mcp-proxy / --mcp-servers-*", "--media-path / --mmproj / --no-mmproj", "-fa",
+        "--tools", "--ui-mcp-proxy / --mcp-servers-*", "--media-path / --mmproj / --no-mmproj", "-fa",
         "--sleep-idle-seconds", "--cache-ram / --cache-idle-slots", "-ctk / -ctv", "--swa-full",
         "--grp-attn-n / --grp-attn-w"]
     got.clear()

@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     io = g.add_argument_group("model and prompt")
     io.add_argument("-m", "--model", default=None,
                     help="GGUF file, or a packaged model: smollm2 (default), gemma3-270m")
+    _add_hf_arguments(io)
     io.add_argument("-p", "--prompt", default=None, help="prompt text")
     io.add_argument("-f", "--file", default=None, help="read the prompt from a file")
     io.add_argument("--display-prompt", dest="display_prompt", action="store_true", default=True,
@@ -170,6 +171,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_hf_arguments(group: argparse._ArgumentGroup) -> None:
+    """llama.cpp's Hugging Face flags (common/arg.cpp; what they do: runtime/hub.py, imported only when used)."""
+    group.add_argument("-hf", "-hfr", "--hf-repo", dest="hf_repo", default=None, metavar="USER/REPO[:QUANT]",
+                       help="GGUF model from a Hugging Face repo, downloaded once into the hub cache: the quant is "
+                            "case-insensitive, default Q4_K_M, else Q8_0, else the repo's first GGUF")
+    group.add_argument("-hff", "--hf-file", dest="hf_file", default=None, metavar="FILE",
+                       help="this file of the -hf repo (the quant is then not used)")
+    group.add_argument("-hft", "--hf-token", dest="hf_token", default=None, metavar="TOKEN",
+                       help="Hugging Face access token (default: $HF_TOKEN, or the token huggingface_hub stored)")
+    group.add_argument("--offline", action="store_true",
+                       help="-hf from the hub cache only: nothing is downloaded (as HF_HUB_OFFLINE=1)")
+
+
 def _add_spec_arguments(sp: argparse._ArgumentGroup) -> None:
     """llama.cpp's speculative decoding flags (``generate`` and ``serve``)."""
     sp.add_argument("--spec-type", action="append", default=[],
@@ -177,7 +191,9 @@ def _add_spec_arguments(sp: argparse._ArgumentGroup) -> None:
                          "ngram-cache, draft-simple (with -md), none; repeatable")
     sp.add_argument("--spec-default", action="store_true", help="ngram-mod with n-match 24, n-min 48, n-max 64")
     sp.add_argument("-md", "--model-draft", "--spec-draft-model", dest="model_draft", default=None,
-                    help="draft model GGUF (used by --spec-type draft-simple)")
+                    help="draft model GGUF (used by --spec-type draft-simple); with -hfd, the file of that repo")
+    sp.add_argument("-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf", dest="hf_repo_draft", default=None,
+                    metavar="USER/REPO[:QUANT]", help="draft model from a Hugging Face repo, as -hf")
     sp.add_argument("--draft-max", "--draft", "--draft-n", "--spec-draft-n-max", dest="draft_max",
                     type=_non_negative_int, default=16, help="longest draft (the length adapts below it)")
     sp.add_argument("--draft-min", "--draft-n-min", "--spec-draft-n-min", dest="draft_min",
@@ -203,6 +219,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     sv = sub.add_parser("serve", help="HTTP server: llama-server's and OpenAI's API, continuously batched")
     o = sv.add_argument_group("server")
     o.add_argument("-m", "--model", default=None, help="GGUF file, or a packaged model: smollm2 (default), gemma3-270m")
+    _add_hf_arguments(o)
     o.add_argument("--host", default="127.0.0.1",
                    help="addresses to listen on, comma-separated, or Unix socket paths ending in .sock; with several "
                         "addresses :: binds IPv6 only (default 127.0.0.1)")
@@ -275,7 +292,6 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                    help="HTTP server log level")
     n = sv.add_argument_group("llama-server flags that mean nothing here (accepted, with a note)")
-    n.add_argument("--offline", action="store_true", help="nothing is ever downloaded")
     n.add_argument("-fa", "--flash-attn", default=None, help="on|off|auto: the attention kernels are chosen by measure")
     n.add_argument("--sleep-idle-seconds", type=int, default=-1, help="the model stays loaded")
     n.add_argument("-cram", "--cache-ram", type=int, default=None, help="no host-memory prompt cache")
@@ -341,6 +357,7 @@ def _add_trace_parser(sub: argparse._SubParsersAction) -> None:
     io = tr.add_argument_group("model and prompt")
     io.add_argument("-m", "--model", default=None,
                     help="GGUF file, or a packaged model: smollm2 (default), gemma3-270m")
+    _add_hf_arguments(io)
     io.add_argument("-p", "--prompt", required=True, help="prompt text")
     io.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
     io.add_argument("--n-top", type=int, default=10, help="candidates shown per stage (default 10)")
@@ -373,6 +390,7 @@ def trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     prompt = _unescape(args.prompt) if args.escape else args.prompt
     from samplechain.runtime.chat import starts_with_bos
 
+    _from_hub(args)
     model = _load_model(args.model, args)
     text = model.apply_chat_template(prompt) if args.chat else prompt
     tokens = model.tokenize(text, add_special=not args.chat or not starts_with_bos(model.vocab, text))
@@ -442,8 +460,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                            (args.router is not None, "router mode (--models-dir / --models-max / --models-preset)")):
         if given:
             parser.error(f"{feature}: not provided by samplechain serve")
-    notes = [(args.offline, "--offline: samplechain never downloads anything"),
-             (args.tools is not None or args.tools_runtime is not None,
+    notes = [(args.tools is not None or args.tools_runtime is not None,
               "--tools: the web UI's built-in agent tools are not provided (OpenAI tool calls are)"),
              (args.ui_mcp_proxy or args.mcp_servers is not None, "--ui-mcp-proxy / --mcp-servers-*: no MCP proxy"),
              (args.media_path is not None or args.mmproj is not None or args.no_mmproj,
@@ -462,6 +479,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             print(f"note: {note}", file=sys.stderr)
     from samplechain.runtime.generation import model_path, resolve_device
 
+    _from_hub(args)
     model_path(args.model)  # a missing model or device is one line now, not a server that cannot load
     resolve_device(args.device)
     params = params_from_args(args)
@@ -560,6 +578,7 @@ def generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             parser.error(f"--prompt-cache: the folder {folder} does not exist")
         if os.path.isdir(args.prompt_cache):
             parser.error(f"--prompt-cache: {args.prompt_cache} is a folder, not a file")
+    _from_hub(args)
     model = _load_model(args.model, args, kernel=args.kernel)
     if args.gpu_layers is not None and model.transformer.device.type == "cpu":
         print(f"note: -ngl {args.gpu_layers} is ignored: the whole model runs on the cpu (--device cuda for a GPU)",
@@ -603,6 +622,15 @@ def generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if speculation is not None:
         print(speculation.report(), file=sys.stderr)
     return 0
+
+
+def _from_hub(args: argparse.Namespace) -> None:
+    """-hf / -hfd: ``args.model`` / ``args.model_draft`` become the files they name, downloaded into the hub cache
+    or found there (runtime/hub.py: llama.cpp's choice of file, one-line errors)."""
+    if args.hf_repo or args.hf_file or getattr(args, "hf_repo_draft", None):
+        from samplechain.runtime.hub import resolve_model_args
+
+        resolve_model_args(args)
 
 
 def _load_model(name: str | None, args: argparse.Namespace, kernel: str | None = None) -> object:

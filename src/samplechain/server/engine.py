@@ -27,44 +27,21 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-from samplechain.params import CommonSampler, SamplingParams
+from samplechain.params import CommonSampler
 from samplechain.runtime.decoding import Decoder, Rules
 from samplechain.runtime.embeddings import POOLING, normalize, pool
-from samplechain.runtime.events import Begin, Embeddings, Error, Event, Final, Progress, Token
+from samplechain.runtime.events import Begin, Embeddings, Error, Final, Progress, Token
 from samplechain.runtime.generation import Model
 from samplechain.runtime.kv_cache import KVCacheFull
 from samplechain.runtime.sequence import Sequence as CacheSequence
 from samplechain.server.metrics import Metrics
-from samplechain.server.slot import Slot
+from samplechain.server.slot import Slot, Task
 
 SLOT_PROMPT_SIMILARITY = 0.10
 SHUTTING_DOWN = Error(503, "the server is shutting down", "unavailable_error")
-
-
-@dataclass
-class Task:
-    """One completion choice as the engine runs it; ``emit`` receives its events (from the engine thread)."""
-
-    tokens: list[int]
-    params: SamplingParams
-    emit: Callable[[Event], None]
-    n_predict: int = -1
-    n_keep: int = 0
-    n_discard: int = 0
-    stop: tuple[str, ...] = ()
-    cache_prompt: bool = True
-    id_slot: int = -1
-    n_indent: int = 0
-    t_max_predict_ms: float = -1.0
-    return_progress: bool = False
-    sampler: CommonSampler | None = None  # built (grammar compiled) off the engine thread; else built at launch
-    id: int = 0
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    embedding: bool = False  # an embedding task: its prompt's vector(s), pooled as the engine pools (no sampling)
-    embd_normalize: int = 2  # how its pooled vector is normalized (common_embd_normalize: 2 = euclidean)
 
 
 class Engine:

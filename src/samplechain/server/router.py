@@ -74,6 +74,7 @@ class Instance:
     requests: int = 0  # proxied requests in flight
     last_used: float = 0.0
     stopping: bool = False
+    sleeping: bool = False  # its child unloaded its model after --sleep-idle-seconds (it reloads by itself)
     failed: bool = False
     exit_code: int | None = None
     info: dict[str, Any] = field(default_factory=dict)  # the child's /v1/models entry
@@ -303,7 +304,7 @@ class Models:
             raise APIError(503, f"model limit reached ({self.config.models_max} running, all busy), try again "
                                    "later", "unavailable_error")
         inst.args = self.child_argv(inst)
-        inst.failed, inst.exit_code, inst.info, inst.url = False, None, {}, None
+        inst.failed, inst.exit_code, inst.info, inst.url, inst.sleeping = False, None, {}, None, False
         inst.last_used = time.monotonic()
         inst.loads += 1
         self.set_status(name, "loading")
@@ -424,6 +425,24 @@ class Models:
 
     # --- the listing ------------------------------------------------------------------------------------------
 
+    async def refresh_sleeping(self) -> None:
+        """Ask each loaded child whether it sleeps (its ``/props``, which does not wake it)."""
+        import httpx2 as httpx
+
+        loaded = [i for i in self.table.values() if i.status == "loaded" and i.url is not None]
+        if not loaded:
+            return
+
+        async def ask(client: Any, inst: Instance) -> None:
+            try:
+                r = await client.get(inst.url + "/props", headers={"authorization": f"Bearer {self.key}"})
+                inst.sleeping = bool(r.json().get("is_sleeping")) if r.status_code == 200 else inst.sleeping
+            except (httpx.HTTPError, ValueError, AttributeError):
+                pass
+
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            await asyncio.gather(*(ask(client, i) for i in loaded))
+
     def listing(self) -> list[dict[str, Any]]:
         """``/models``' entries (llama-server's ``get_router_models``)."""
         now = int(time.time())
@@ -431,7 +450,8 @@ class Models:
         for name, inst in self.table.items():
             if inst.spec.hidden:
                 continue
-            status: dict[str, Any] = {"value": inst.status, "args": inst.args}
+            value = "sleeping" if inst.status == "loaded" and inst.sleeping else inst.status
+            status: dict[str, Any] = {"value": value, "args": inst.args}
             if inst.spec.source == "preset":
                 status["preset"] = inst.spec.ini()
             if inst.failed:

@@ -72,6 +72,7 @@ def create_router_app(models: Models, config: RouterConfig) -> FastAPI:
                 models.reload()
             except ValueError as e:
                 raise APIError(400, str(e)) from None
+        await models.refresh_sleeping()
         return reply({"object": "list", "data": models.listing()})
 
     @app.post("/models/load")

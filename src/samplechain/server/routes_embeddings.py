@@ -21,11 +21,11 @@ from fastapi.responses import Response
 from samplechain.params import SamplingParams
 from samplechain.runtime.events import Embeddings
 from samplechain.server import request as rq
-from samplechain.server.engine import Task
 from samplechain.server.jobs import check_fits
 from samplechain.server.request import APIError, bad_request
 from samplechain.server.responses import reply
 from samplechain.server.run import Run
+from samplechain.server.slot import Task
 
 if TYPE_CHECKING:
     from samplechain.runtime.generation import Model

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from samplechain.chat import ChatTemplate
 from samplechain.runtime.events import Error, Final, Progress, Token
 from samplechain.runtime.state import StateError, load_seq_state, save_seq_state
 from samplechain.server import request as rq
 from samplechain.server import responses as rs
+from samplechain.server.describe import props_body
 from samplechain.server.infill import fim_tokens, infill_body
 from samplechain.server.jobs import prepare_completion
 from samplechain.server.metrics import render as render_metrics
@@ -244,30 +244,6 @@ def router(state: ServerState) -> APIRouter:
         return streaming(events(), run)
 
     return routes
-
-
-def props_body(state: ServerState, sleeping: bool) -> dict[str, Any]:
-    """``/props`` of the loaded model (and its snapshot on entering sleep, ``ServerState._on_sleep``)."""
-    config = state.config
-    m = state.model
-    vocab = m.vocab
-    opts = Options(n_predict=config.defaults.n_predict, n_keep=config.defaults.n_keep)
-
-    def text(t: int | None) -> str:
-        return vocab.token_bytes(t).decode("utf-8", "replace") if t is not None else ""
-
-    return {
-        "default_generation_settings": {"params": rs.settings(config.defaults.params, opts),
-                                        "n_ctx": state.running_engine.n_ctx_slot},
-        "total_slots": config.n_slots, "model_alias": state.model_id,
-        "model_path": os.path.basename(m.path),  # the file's name: its folder is nobody's business
-        "modalities": {"vision": False, "video": False, "audio": False},
-        "endpoint_slots": config.slots, "endpoint_props": config.props, "endpoint_metrics": config.metrics,
-        "chat_template": vocab.chat_template or "",
-        "chat_template_caps": ChatTemplate.of(vocab).caps.to_json(), "bos_token": text(vocab.bos),
-        "eos_token": text(vocab.eos), "build_info": rs.BUILD_INFO, "is_sleeping": sleeping,
-        "ui": False, "cors_proxy_enabled": False,
-    }
 
 
 # --- a slot's cells in a file: run on the engine thread, between two steps, once the slot is idle -----------------

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -14,6 +13,7 @@ from fastapi.responses import Response
 from samplechain.runtime.events import Error, Final, Token
 from samplechain.server import request as rq
 from samplechain.server import responses as rs
+from samplechain.server.describe import models_body
 from samplechain.server.jobs import input_tokens, prepare_chat, prepare_completion
 from samplechain.server.responses import error_event, reply, sse
 from samplechain.server.run import Run, streaming
@@ -111,23 +111,3 @@ def router(state: ServerState) -> APIRouter:
         return reply({"input_tokens": await asyncio.to_thread(count), "object": "response.input_tokens"})
 
     return routes
-
-
-def models_body(state: ServerState) -> dict[str, Any]:
-    """``/v1/models`` of the loaded model (and its snapshot on entering sleep, ``ServerState._on_sleep``)."""
-    config = state.config
-    m = state.model
-    meta = {"vocab_type": 2, "n_vocab": m.config.n_vocab, "n_ctx": state.running_engine.n_ctx_slot,
-            "n_ctx_train": m.config.n_ctx_train, "n_embd": m.config.n_embd,
-            "n_params": m.transformer.n_params if hasattr(m.transformer, "n_params") else 0,
-            "size": os.path.getsize(m.path), "ftype": ""}
-    mid = state.model_id
-    return {"object": "list",
-            "data": [{"id": mid, "aliases": sorted(config.alias), "tags": sorted(config.tags),
-                      "object": "model", "created": int(time.time()), "owned_by": "samplechain",
-                      "meta": meta}],
-            "models": [{"name": mid, "model": mid, "modified_at": "", "size": "", "digest": "",
-                        "type": "model", "description": "", "tags": [""], "capabilities": ["completion"],
-                        "parameters": "", "details": {"parent_model": "", "format": "gguf", "family": "",
-                                                      "families": [""], "parameter_size": "",
-                                                      "quantization_level": ""}}]}

@@ -12,10 +12,11 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 
 from samplechain.runtime.events import Begin, Embeddings, Error, Event, Final
-from samplechain.server.engine import Engine, Task
+from samplechain.server.engine import Engine
 from samplechain.server.jobs import Job
 from samplechain.server.request import Options
 from samplechain.server.responses import error_event
+from samplechain.server.slot import Task
 
 
 class ClientGone(Exception):

@@ -2,13 +2,39 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
+from samplechain.params import CommonSampler, SamplingParams
 from samplechain.runtime.decoding import Decoder
+from samplechain.runtime.events import Event
 from samplechain.runtime.sequence import Sequence as CacheSequence
 
-if TYPE_CHECKING:
-    from samplechain.server.engine import Task
+
+@dataclass
+class Task:
+    """One completion choice as the engine runs it; ``emit`` receives its events (from the engine thread)."""
+
+    tokens: list[int]
+    params: SamplingParams
+    emit: Callable[[Event], None]
+    n_predict: int = -1
+    n_keep: int = 0
+    n_discard: int = 0
+    stop: tuple[str, ...] = ()
+    cache_prompt: bool = True
+    id_slot: int = -1
+    n_indent: int = 0
+    t_max_predict_ms: float = -1.0
+    return_progress: bool = False
+    sampler: CommonSampler | None = None  # built (grammar compiled) off the engine thread; else built at launch
+    id: int = 0
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    embedding: bool = False  # an embedding task: its prompt's vector(s), pooled as the engine pools (no sampling)
+    embd_normalize: int = 2  # how its pooled vector is normalized (common_embd_normalize: 2 = euclidean)
+
 
 
 class Slot:

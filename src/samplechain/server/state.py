@@ -182,8 +182,7 @@ class ServerState:
     def _on_sleep(self) -> None:
         """Entering sleep (the engine thread, the model still loaded): the read-only routes' snapshots; the sleep
         is counted after the metrics' snapshot (which is what the last scrape awake saw)."""
-        from samplechain.server.routes_native import props_body
-        from samplechain.server.routes_openai import models_body
+        from samplechain.server.describe import models_body, props_body
 
         self.snapshots = {"props": props_body(self, True), "models": models_body(self)}
         assert self.metrics is not None
