@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from samplechain import cli
-from samplechain.cli import build_parser, main, params_from_args
+from samplechain.cli import build_parser, main
+from samplechain.cli import run as cli_run
+from samplechain.cli.common import params_from_args
 from samplechain.param_specs import declarations
 from samplechain.params import SamplingParams
 
@@ -18,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def smol_cli(smol, monkeypatch):
     """``main()`` runs of the default model use the session's loaded one instead of loading it again."""
-    load = cli._load_model
-    monkeypatch.setattr(cli, "_load_model", lambda name, args, kernel=None: smol if name is None
+    load = cli_run.load_model
+    monkeypatch.setattr(cli_run, "load_model", lambda name, args, kernel=None: smol if name is None
                         else load(name, args, kernel))
     yield smol
     smol.on_token = None
@@ -299,7 +300,7 @@ def test_the_prompt_is_echoed_and_a_random_seed_is_printed_so_the_run_repeats(ca
 def test_the_echo_shows_special_tokens_as_nothing(smol):
     tokens = [smol.vocab.bos, *smol.tokenize("Hello", add_special=False)]
     assert smol.vocab.bos in smol.vocab.special
-    assert cli._pieces(smol, tokens) == "Hello"  # llama.cpp's token_to_piece without special: BOS is empty
+    assert cli_run._pieces(smol, tokens) == "Hello"  # llama.cpp's token_to_piece without special: BOS is empty
 
 
 def test_a_chat_prompt_is_echoed_as_a_turn(capsys, smol_cli):

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from samplechain import DEFAULT_SEED, SamplingParams
-from samplechain.cli import add_sampling_arguments, build_parser, params_from_args
+from samplechain.cli import build_parser
+from samplechain.cli.common import add_sampling_arguments, params_from_args
 from samplechain.param_specs import cli_number, declarations, flag, number, param, soft
 from samplechain.server.sampling_fields import FieldError, parse_sampling_fields
 

@@ -1,0 +1,229 @@
+"""What the ``samplechain`` subcommands share: the argument parser (llama.cpp's flag names, one-line usage errors), the
+sampling, Hugging Face and speculative flags, and loading the model they name."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from samplechain.param_specs import cli_budget, cli_seed, declarations, flag_help
+from samplechain.param_specs import cli_non_negative_int as _non_negative_int
+from samplechain.param_specs import cli_number as _number
+from samplechain.params import SamplingParams
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Each flag's default after its meaning, unless the meaning already says it (the sampling flags' help is
+    generated with theirs) or there is nothing to show (switches, empty values)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help
+        if not text or "(default" in text or not action.option_strings or action.default in (None, "", []) \
+                or isinstance(action.default, bool) or action.default is argparse.SUPPRESS:
+            return text
+        return text + " (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line (the message, where to find the usage) and exit status 2.
+
+    Every message of a subcommand, usage errors and run-time errors alike, starts ``samplechain <command>:
+    error:`` (argparse's form, with the subcommand's name); arguments no subcommand knows are reported by it.
+    """
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None,
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        """llama.cpp reads ``--a_b`` as ``--a-b`` (llama-server's test suite passes ``--backend_sampling``)."""
+        if args is not None:
+            args = [self._dashed(a) for a in args]
+        return super().parse_known_args(args, namespace)
+
+    def _dashed(self, arg: str) -> str:
+        name, eq, value = arg.partition("=")
+        fixed = name.replace("_", "-")
+        if name.startswith("--") and name not in self._option_string_actions and fixed in self._option_string_actions:
+            return fixed + eq + value
+        return arg
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command_parser(self, parsed).error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+
+def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The subcommand's own parser (``samplechain generate``), whose name prefixes its errors; else ``parser``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices.get(getattr(args, action.dest, None), parser)
+    return parser
+
+
+def add_sampling_arguments(parser_or_group: argparse.ArgumentParser | argparse._ArgumentGroup, *,
+                           constraints: argparse._ArgumentGroup | None = None,
+                           params_type: type[SamplingParams] = SamplingParams) -> None:
+    """Add every sampling flag declared on ``SamplingParams`` (llama.cpp's names and defaults).
+
+    ``generate`` and ``serve`` share them, so the server's per-request defaults are its flags. ``constraints``:
+    where the grammar / JSON-schema flags go (default: with the others).
+    """
+    for d in declarations(params_type):
+        for f in d.cli:
+            target = constraints if f.group == "constraints" and constraints is not None else parser_or_group
+            options = dict(f.options)
+            if "action" not in options and "default" not in options:
+                options["default"] = d.default
+            if options.get("type") in _NUMBERS and "choices" not in options:
+                options.setdefault("metavar", "N")
+            text = flag_help(d, f)
+            options["help"] = text if text in (None, argparse.SUPPRESS) else text.replace("%", "%%")
+            target.add_argument(*f.names, **options)
+
+
+_NUMBERS = (int, _number, cli_seed, cli_budget)  # their values read as N in --help, as llama.cpp's
+
+
+def params_from_args(args: argparse.Namespace, *,
+                     params_type: type[SamplingParams] = SamplingParams) -> SamplingParams:
+    """The flags added by :func:`add_sampling_arguments` as ``SamplingParams`` (ValueError on invalid values)."""
+    constraints = [f for d in declarations(params_type) for f in d.cli if f.group == "constraints"]
+    given = [next(n for n in f.names if n.startswith("--")) for f in constraints if getattr(args, f.dest) is not None]
+    if len(given) > 1:
+        raise ValueError(f"use only one of {', '.join(given)}")
+    return params_type(**{d.name: d.value_from_args(args) for d in declarations(params_type)
+                          if d.cli or d.from_args is not None})
+
+
+def add_hf_arguments(group: argparse._ArgumentGroup) -> None:
+    """llama.cpp's Hugging Face flags (common/arg.cpp; what they do: runtime/hub.py, imported only when used)."""
+    group.add_argument("-hf", "-hfr", "--hf-repo", dest="hf_repo", default=None, metavar="USER/REPO[:QUANT]",
+                       help="GGUF model from a Hugging Face repo, downloaded once into the hub cache: the quant is "
+                            "case-insensitive, default Q4_K_M, else Q8_0, else the repo's first GGUF")
+    group.add_argument("-hff", "--hf-file", dest="hf_file", default=None, metavar="FILE",
+                       help="this file of the -hf repo (the quant is then not used)")
+    group.add_argument("-hft", "--hf-token", dest="hf_token", default=None, metavar="TOKEN",
+                       help="Hugging Face access token (default: $HF_TOKEN, or the token huggingface_hub stored)")
+    group.add_argument("--offline", action="store_true",
+                       help="-hf from the hub cache only: nothing is downloaded (as HF_HUB_OFFLINE=1)")
+
+
+def add_spec_arguments(sp: argparse._ArgumentGroup) -> None:
+    """llama.cpp's speculative decoding flags (``generate`` and ``serve``)."""
+    sp.add_argument("--spec-type", action="append", default=[],
+                    help="comma-separated drafters: ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, "
+                         "ngram-cache, draft-simple (with -md), none; repeatable")
+    sp.add_argument("--spec-default", action="store_true", help="ngram-mod with n-match 24, n-min 48, n-max 64")
+    sp.add_argument("-md", "--model-draft", "--spec-draft-model", dest="model_draft", default=None,
+                    help="draft model GGUF (used by --spec-type draft-simple); with -hfd, the file of that repo")
+    sp.add_argument("-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf", dest="hf_repo_draft", default=None,
+                    metavar="USER/REPO[:QUANT]", help="draft model from a Hugging Face repo, as -hf")
+    sp.add_argument("--draft-max", "--draft", "--draft-n", "--spec-draft-n-max", dest="draft_max",
+                    type=_non_negative_int, default=16, help="longest draft (the length adapts below it)")
+    sp.add_argument("--draft-min", "--draft-n-min", "--spec-draft-n-min", dest="draft_min",
+                    type=_non_negative_int, default=0, help="shorter drafts are dropped")
+    sp.add_argument("--draft-p-min", "--spec-draft-p-min", dest="draft_p_min", type=_number, default=0.0,
+                    help="draft model: stop drafting below this top-10 probability")
+    sp.add_argument("--spec-verify", choices=("compare", "sample"), default="compare",
+                    help="compare: llama.cpp's sample-and-compare (same text as without drafting); sample: "
+                         "distribution-preserving speculative sampling (draft model)")
+    sp.add_argument("--spec-no-adaptive", action="store_true", help="always draft up to --draft-max")
+    for kind in ("simple", "map-k", "map-k4v"):
+        for what, default in (("size-n", 12), ("size-m", 48), ("min-hits", 1)):
+            sp.add_argument(f"--spec-ngram-{kind}-{what}", type=int, default=default, help=argparse.SUPPRESS)
+    for what, default in (("n-match", 24), ("n-min", 48), ("n-max", 64)):
+        sp.add_argument(f"--spec-ngram-mod-{what}", type=int, default=default, help=argparse.SUPPRESS)
+    sp.add_argument("-lcs", "--lookup-cache-static", default=None, help="ngram-cache: static n-gram statistics")
+    sp.add_argument("-lcd", "--lookup-cache-dynamic", default=None, help="ngram-cache: dynamic n-gram statistics")
+
+
+def check_constraint(params: SamplingParams) -> None:
+    """Refuse a bad grammar or schema before the model loads (token items are resolved later, with the model)."""
+    from samplechain.grammar import Grammar, json_schema_to_gbnf, parse_gbnf
+
+    text = json_schema_to_gbnf(params.json_schema) if params.json_schema is not None else params.grammar
+    if text.strip():
+        Grammar(parse_gbnf(text, tokenize=lambda _: [0]))
+
+
+def from_hub(args: argparse.Namespace) -> None:
+    """-hf / -hfd: ``args.model`` / ``args.model_draft`` become the files they name, downloaded into the hub cache
+    or found there (runtime/hub.py: llama.cpp's choice of file, one-line errors)."""
+    if args.hf_repo or args.hf_file or getattr(args, "hf_repo_draft", None):
+        from samplechain.runtime.hub import resolve_model_args
+
+        resolve_model_args(args)
+
+
+def load_model(name: str | None, args: argparse.Namespace, kernel: str | None = None) -> object:
+    """``load_model``, said first on stderr (a large model takes seconds); a missing model or device is refused
+    before that, in one line."""
+    from samplechain.runtime import load_model
+    from samplechain.runtime.generation import model_path, resolve_device
+
+    path = model_path(name)
+    resolve_device(args.device)
+    print(f"loading model {path} ...", file=sys.stderr, flush=True)
+    return load_model(path, device=args.device, n_threads=args.threads, kernel=kernel)
+
+
+def spec_types(args: argparse.Namespace) -> list[str]:
+    types = [t for value in args.spec_type for t in ([value] if "none" not in value.split(",") else [])]
+    if args.spec_default:
+        types.append("ngram-mod")
+    return types
+
+
+def speculation_from_args(args: argparse.Namespace, model: object, serving: bool = False) -> object | None:
+    """The drafters the flags ask for (llama.cpp: a draft model is used only with --spec-type draft-simple).
+    ``serving``: the server's, per task: its slots have the draft model (``Engine``), nothing is said here."""
+    from samplechain.runtime.speculation import Speculation
+    from samplechain.speculative.ngram import make_drafters
+
+    types = spec_types(args)
+    names = {t.strip() for value in types for t in value.split(",")}
+    if args.model_draft is not None and "draft-simple" not in names and not serving:
+        print("note: -md is used only with --spec-type draft-simple", file=sys.stderr)
+    if not names:
+        return None
+    params = {f"ngram_{kind.replace('-', '_')}_{what.replace('-', '_')}":
+              getattr(args, f"spec_ngram_{kind.replace('-', '_')}_{what.replace('-', '_')}")
+              for kind in ("simple", "map-k", "map-k4v") for what in ("size-n", "size-m", "min-hits")}
+    if args.spec_default:
+        params.update(ngram_mod_n_match=24, ngram_mod_n_min=48, ngram_mod_n_max=64)
+    else:
+        params.update(ngram_mod_n_match=args.spec_ngram_mod_n_match, ngram_mod_n_min=args.spec_ngram_mod_n_min,
+                      ngram_mod_n_max=args.spec_ngram_mod_n_max)
+    params.update(lookup_cache_static=args.lookup_cache_static, lookup_cache_dynamic=args.lookup_cache_dynamic)
+    drafters = make_drafters(types, **params)
+    if "draft-simple" in names and not serving:
+        if args.model_draft is None:
+            raise ValueError("--spec-type draft-simple needs a draft model (-md)")
+        from samplechain.speculative.draft_model import DraftModel
+
+        draft = load_model(args.model_draft, args)
+        drafters.append(DraftModel(draft, model.vocab, n_max=max(1, args.draft_max),  # type: ignore[attr-defined]
+                                   n_min=args.draft_min, p_min=args.draft_p_min, n_ctx=args.ctx_size or 4096,
+                                   sample=args.spec_verify == "sample", seed=args.seed))
+    return Speculation(drafters, n_max=args.draft_max, n_min=args.draft_min, adaptive=not args.spec_no_adaptive,
+                       verify=args.spec_verify, seed=args.seed)
+
+
+def resolve_seed(params: SamplingParams, args: argparse.Namespace) -> SamplingParams:
+    """A random seed (-1) drawn now, as llama.cpp's samplers draw it, so that it can be printed and the run
+    repeated with ``--seed N``; every seeded sampler and the drafter then use it."""
+    from samplechain.rng import resolve_seed
+
+    args.seed = resolve_seed(params.seed)
+    return dataclasses.replace(params, seed=args.seed)

@@ -1,0 +1,299 @@
+"""``samplechain serve``: llama-server's flags, the server (``server/app.py``) or, with ``--models-dir``,
+``--models-preset`` or ``--router``, the router over many models (``server/router.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from samplechain.cli.common import (
+    add_hf_arguments,
+    add_sampling_arguments,
+    add_spec_arguments,
+    check_constraint,
+    from_hub,
+    params_from_args,
+    spec_types,
+    speculation_from_args,
+)
+from samplechain.param_specs import cli_non_negative_int as _non_negative_int
+from samplechain.param_specs import cli_non_negative_number as _non_negative_float
+from samplechain.param_specs import cli_number as _number
+from samplechain.param_specs import cli_positive_int as _positive_int
+from samplechain.param_specs import read_text_file
+
+
+def add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    """``samplechain serve``: llama-server's flags that matter (spec/server.md §9); the sampling flags become
+    every request's defaults."""
+    sv = sub.add_parser("serve", help="HTTP server: llama-server's and OpenAI's API, continuously batched")
+    o = sv.add_argument_group("server")
+    o.add_argument("-m", "--model", default=None, help="GGUF file, or a packaged model: smollm2 (default), gemma3-270m")
+    add_hf_arguments(o)
+    o.add_argument("--host", default="127.0.0.1",
+                   help="addresses to listen on, comma-separated, or Unix socket paths ending in .sock; with several "
+                        "addresses :: binds IPv6 only (default 127.0.0.1)")
+    o.add_argument("--port", type=_non_negative_int, default=8080, help="port (default 8080; 0 = any free port)")
+    o.add_argument("-np", "--parallel", type=int, default=-1,
+                   help="slots: requests generated at once (-1 = auto: 4)")
+    o.add_argument("-c", "--ctx-size", type=_non_negative_int, default=0,
+                   help="context size shared by the slots (0 = the model's training context)")
+    o.add_argument("-b", "--batch-size", type=int, default=512, help="tokens per forward (prompt chunks included)")
+    o.add_argument("-ub", "--ubatch-size", type=int, default=512, help=argparse.SUPPRESS)
+    o.add_argument("-n", "--n-predict", "--predict", type=int, default=-1, help="default tokens per request")
+    o.add_argument("--keep", type=int, default=0, help="default tokens kept on context shift (-1 = the prompt)")
+    o.add_argument("-t", "--threads", type=int, default=None, help="CPU threads")
+    o.add_argument("-tb", "--threads-batch", type=int, default=None, help=argparse.SUPPRESS)
+    o.add_argument("--threads-http", type=int, default=-1, help=argparse.SUPPRESS)
+    o.add_argument("--device", default="cpu", help="torch device: cpu or cuda")
+    o.add_argument("--kernel", default=None, help="CPU forward kernel (default: the fastest measured here)")
+    o.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers", type=int, default=None,
+                   help="accepted for llama.cpp compatibility: the whole model runs on --device")
+    o.add_argument("--api-key", default=None, help="comma-separated API keys (also $LLAMA_API_KEY)")
+    o.add_argument("--api-key-file", default=None, help="file with one API key per line (# comments)")
+    o.add_argument("--cors-origins", default="localhost",
+                   help="origins whose pages may call the server: 'localhost' (loopback pages, the default), '*' "
+                        "(any page, without credentials), or a comma-separated list of origins")
+    o.add_argument("--cors-methods", default="GET, POST, DELETE, OPTIONS")
+    o.add_argument("--cors-headers", default="*")
+    o.add_argument("--cors-credentials", dest="cors_credentials", action="store_true", default=True)
+    o.add_argument("--no-cors-credentials", dest="cors_credentials", action="store_false")
+    o.add_argument("-to", "--timeout", type=_positive_int, default=600,
+                   help="HTTP read/write timeout in seconds: a silent request body or a client that reads nothing")
+    o.add_argument("--shutdown-grace", type=_non_negative_float, default=10.0,
+                   help="on SIGTERM/SIGINT, seconds running requests may finish before they are cut (default 10)")
+    o.add_argument("-cb", "--cont-batching", action="store_true", default=True,
+                   help="continuous batching (always on)")
+    o.add_argument("-a", "--alias", default=None, help="model id(s) for the API, comma-separated")
+    o.add_argument("--tags", default=None, help="model tags, comma-separated (informational: /v1/models)")
+    o.add_argument("-kvu", "--kv-unified", dest="kv_unified", action="store_true", default=False,
+                   help="the slots share one KV pool of -c cells, each may use all of it (default: a stream of "
+                        "-c / -np cells per slot, so a slot's text never depends on the others)")
+    o.add_argument("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false")
+    o.add_argument("--ui", "--webui", dest="ui", action="store_true", default=True,
+                   help="serve the sampler-chain visualizer at / (default)")
+    o.add_argument("--no-ui", "--no-webui", dest="ui", action="store_false")
+    o.add_argument("--responses-store", type=_non_negative_int, default=256, metavar="N",
+                   help="recent /v1/responses kept for previous_response_id (least recently used dropped; 0: none)")
+    o.add_argument("--slot-save-path", default=None,
+                   help="folder for POST /slots/{id}?action=save|restore (a slot's KV cells in a file)")
+    o.add_argument("--jinja", dest="jinja", action="store_true", default=True,
+                   help="render chat templates with jinja (default, as llama-server)")
+    o.add_argument("--no-jinja", dest="jinja", action="store_false",
+                   help="only llama.cpp's built-in chat templates (detected from the model's)")
+    o.add_argument("--chat-template", default=None,
+                   help="chat template: a built-in name (chatml, llama3, gemma, mistral-v7, ...) or jinja source")
+    o.add_argument("--chat-template-file", default=None, help="chat template (jinja source) read from a file")
+    o.add_argument("--reasoning-format", default="auto", choices=("none", "auto", "deepseek", "deepseek-legacy"),
+                   help="a chat request's default reasoning_format: none leaves thoughts in the content")
+    o.add_argument("-rea", "--reasoning", default="auto",
+                   help="thinking in chat templates: on, off or auto (the template's default)")
+    o.add_argument("-v", "--verbose", "--log-verbose", action="store_true",
+                   help="debug logging, and __verbose in every response (unless a request sets verbose false)")
+    o.add_argument("--metrics", action="store_true", help="enable /metrics")
+    o.add_argument("--slots", dest="slots", action="store_true", default=True, help="enable /slots (default)")
+    o.add_argument("--no-slots", dest="slots", action="store_false")
+    o.add_argument("--props", action="store_true", help="allow POST /props")
+    o.add_argument("--context-shift", action="store_true", help="shift a slot's context when it is full")
+    o.add_argument("-r", "--reverse-prompt", action="append", default=[], help="default stop string (repeatable)")
+    o.add_argument("--special", action="store_true", help="render special tokens in the output")
+    o.add_argument("--cache-prompt", dest="cache_prompt", action="store_true", default=True)
+    o.add_argument("--no-cache-prompt", dest="cache_prompt", action="store_false")
+    o.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
+                   help="HTTP server log level")
+    n = sv.add_argument_group("llama-server flags that mean nothing here (accepted, with a note)")
+    n.add_argument("-fa", "--flash-attn", default=None, help="on|off|auto: the attention kernels are chosen by measure")
+    n.add_argument("--sleep-idle-seconds", type=int, default=-1, help="the model stays loaded")
+    n.add_argument("-cram", "--cache-ram", type=int, default=None, help="no host-memory prompt cache")
+    n.add_argument("--cache-idle-slots", dest="cache_idle_slots", action="store_true", default=None,
+                   help="idle slots keep their cells")
+    n.add_argument("--no-cache-idle-slots", dest="cache_idle_slots", action="store_false")
+    n.add_argument("-ctk", "--cache-type-k", default=None, help="the KV cache keeps the model's compute type")
+    n.add_argument("-ctv", "--cache-type-v", default=None, help="the KV cache keeps the model's compute type")
+    n.add_argument("--swa-full", action="store_true", help="sliding-window layers keep every cell already")
+    n.add_argument("-gan", "--grp-attn-n", type=int, default=None, help="no group attention (self-extend)")
+    n.add_argument("-gaw", "--grp-attn-w", type=int, default=None, help="no group attention (self-extend)")
+    n.add_argument("--tools", default=None, help="the web UI's built-in agent tools are not provided")
+    n.add_argument("--tools-runtime", default=None, help="the web UI's built-in agent tools are not provided")
+    n.add_argument("--ui-mcp-proxy", action="store_true", help="no MCP proxy (/cors-proxy)")
+    n.add_argument("--mcp-servers-config", "--mcp-servers-json", dest="mcp_servers", default=None,
+                   help="no MCP proxy (/cors-proxy)")
+    n.add_argument("--media-path", default=None, help="no multimodal input (image parts are a 400)")
+    n.add_argument("-mmu", "--mmproj-url", "-mm", "--mmproj", dest="mmproj", default=None,
+                   help="no multimodal projector (image parts are a 400)")
+    n.add_argument("--no-mmproj", action="store_true", help="there is no multimodal projector anyway")
+    x = sv.add_argument_group("llama-server features not provided (a precise error, not an unknown flag)")
+    x.add_argument("--lora", "--lora-scaled", dest="lora", action="append", default=None, help="LoRA adapters")
+    x.add_argument("--reranking", "--rerank", action="store_true", help="the /rerank route (needs a reranker head)")
+    x.add_argument("--models-dir", "--models-max", "--models-preset", dest="router", default=None,
+                   help="router mode (several models behind one server)")
+    x.add_argument("--no-models-autoload", dest="router", action="store_const", const="", help=argparse.SUPPRESS)
+    s = sv.add_argument_group("sampling: every request's defaults (llama.cpp's flags and defaults)")
+    add_sampling_arguments(s)
+    spec = sv.add_argument_group("speculative decoding per slot (n-gram drafters, a draft model; same text as "
+                                 "without)")
+    add_spec_arguments(spec)
+    spec.add_argument("--spec-synth-rates", type=_rates, default=None, metavar="P0,P1,...",
+                      help="benchmarking: draft position i is accepted at random with unconditional probability Pi "
+                           "(one per --draft-max position, non-increasing) instead of by comparison")
+    spec.add_argument("--spec-synth-len", type=_number, default=None, metavar="L",
+                      help="benchmarking: geometric synthetic acceptance with mean acceptance length L (with the "
+                           "target token)")
+    # embeddings (llama-server's --embedding and --pooling; -md is with the speculative flags)
+    e = sv.add_argument_group("embeddings")
+    e.add_argument("--embedding", "--embeddings", dest="embedding", action="store_true",
+                   help="serve /embedding, /embeddings and /v1/embeddings (completions are served too)")
+    e.add_argument("--pooling", choices=("none", "mean", "cls", "last", "rank"), default=None,  # runtime.embeddings
+                   help="how embeddings pool the prompt's tokens (default: the model's own type, else none)")
+    r = sv.add_argument_group("Ray Serve (samplechain.integrations.ray_serve; needs ray[serve])")
+    r.add_argument("--ray", action="store_true",
+                   help="serve as replicas on Ray Serve (a conversation stays on its replica's cache)")
+    r.add_argument("--replicas", type=_positive_int, default=None, help="engine replicas with --ray (default 1)")
+    r.add_argument("--ray-address", default=None,
+                   help="Ray cluster to join with --ray (default: a local Ray on loopback)")
+
+
+def _rates(value: str) -> list[float]:
+    """``--spec-synth-rates``: comma-separated numbers (llama.cpp parses each whole, else "invalid value")."""
+    try:
+        return [float(v.strip()) for v in value.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {value!r}") from None
+
+
+def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    import os
+
+
+    keys = [k for k in (args.api_key or os.environ.get("LLAMA_API_KEY", "")).split(",") if k]
+    if args.api_key_file is not None:
+        keys += [line.strip() for line in read_text_file(args.api_key_file, "API key file").splitlines()
+                 if line.strip() and not line.lstrip().startswith("#")]
+    return tuple(keys)
+
+
+def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from samplechain.runtime.speculation import Speculation, synth_probabilities
+    from samplechain.server.app import ServerConfig
+    from samplechain.server.app import serve as run_server
+    from samplechain.server.request import Defaults
+
+    if args.parallel == 0 or args.parallel < -1:
+        parser.error(f"-np/--parallel must be -1 (auto) or positive, got {args.parallel}")
+    if args.batch_size < 1:
+        parser.error(f"-b/--batch-size must be positive, got {args.batch_size}")
+    if args.n_predict < -1:
+        parser.error(f"-n/--n-predict must be -1 or more, got {args.n_predict}")
+    if not [h for h in args.host.split(",") if h.strip()]:
+        parser.error("--host requires at least one address")
+    if not args.ray and (args.replicas is not None or args.ray_address is not None):
+        parser.error("--replicas / --ray-address need --ray")
+    if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
+        parser.error(f"--slot-save-path: not a directory: {args.slot_save_path}")
+    reasoning = {"on": True, "enabled": True, "true": True, "1": True, "off": False, "disabled": False,
+                 "false": False, "0": False, "auto": None}
+    if args.reasoning not in reasoning:
+        parser.error(f"--reasoning: unknown value {args.reasoning!r} (on, off or auto)")
+    template = args.chat_template
+    if args.chat_template_file is not None:
+        try:
+            template = read_text_file(args.chat_template_file, "chat template file")
+        except ValueError as e:
+            parser.error(f"--chat-template-file: {e}")
+    if template is not None:
+        from samplechain.server.state import chat_template
+
+        try:
+            chat_template(None, template, args.jinja)
+        except ValueError as e:
+            parser.error(str(e))
+    kv_types = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+    for flag, value in (("-ctk/--cache-type-k", args.cache_type_k), ("-ctv/--cache-type-v", args.cache_type_v)):
+        if value is not None and value not in kv_types:
+            parser.error(f"{flag}: unsupported cache type {value!r} ({', '.join(kv_types)})")
+    if args.flash_attn is not None and args.flash_attn not in ("on", "off", "auto", "enabled", "disabled", "true",
+                                                               "false", "1", "0"):
+        parser.error(f"-fa/--flash-attn: unknown value {args.flash_attn!r} (on, off or auto)")
+    if args.sleep_idle_seconds == 0 or args.sleep_idle_seconds < -1:
+        parser.error(f"--sleep-idle-seconds: cannot be 0 or less than -1, got {args.sleep_idle_seconds}")
+    for given, feature in ((args.lora, "LoRA adapters (--lora)"), (args.reranking, "reranking (--reranking)"),
+                           (args.router is not None, "router mode (--models-dir / --models-max / --models-preset)")):
+        if given:
+            parser.error(f"{feature}: not provided by samplechain serve")
+    notes = [(args.tools is not None or args.tools_runtime is not None,
+              "--tools: the web UI's built-in agent tools are not provided (OpenAI tool calls are)"),
+             (args.ui_mcp_proxy or args.mcp_servers is not None, "--ui-mcp-proxy / --mcp-servers-*: no MCP proxy"),
+             (args.media_path is not None or args.mmproj is not None or args.no_mmproj,
+              "--media-path / --mmproj / --no-mmproj: no multimodal input here (image parts are a 400)"),
+             (args.flash_attn is not None, "-fa: the attention kernels are chosen by measurement"),
+             (args.sleep_idle_seconds > 0, "--sleep-idle-seconds: the model stays loaded"),
+             (args.cache_ram is not None or args.cache_idle_slots is not None,
+              "--cache-ram / --cache-idle-slots: each slot keeps its prompt in its own cells; no host-memory cache"),
+             (args.cache_type_k is not None or args.cache_type_v is not None,
+              "-ctk / -ctv: the KV cache keeps the model's compute type"),
+             (args.swa_full, "--swa-full: sliding-window layers keep every cell already"),
+             (args.grp_attn_n is not None or args.grp_attn_w is not None,
+              "--grp-attn-n / --grp-attn-w: no group attention here (llama-server ignores it too)")]
+    for given, note in notes:
+        if given:
+            print(f"note: {note}", file=sys.stderr)
+    from samplechain.runtime.generation import model_path, resolve_device
+
+    from_hub(args)
+    model_path(args.model)  # a missing model or device is one line now, not a server that cannot load
+    resolve_device(args.device)
+    params = params_from_args(args)
+    check_constraint(params)
+    defaults = Defaults(params=params, n_predict=args.n_predict, n_keep=args.keep,
+                        stop=tuple(r for r in args.reverse_prompt if r), cache_prompt=args.cache_prompt,
+                        verbose=args.verbose)
+    # embeddings and the draft model (--embedding, --pooling, -md with --spec-type draft-simple)
+    n_batch = args.batch_size
+    if args.embedding and n_batch > args.ubatch_size > 0:  # llama-server: a prompt to embed fits in one ubatch
+        print(f"warning: embeddings enabled with n_batch ({n_batch}) > n_ubatch ({args.ubatch_size}): setting "
+              f"n_batch = n_ubatch = {args.ubatch_size}", file=sys.stderr)
+        n_batch = args.ubatch_size
+    drafting = "draft-simple" in {t.strip() for v in spec_types(args) for t in v.split(",")}
+    if drafting and args.model_draft is None:
+        parser.error("--spec-type draft-simple needs a draft model (-md)")
+    if args.model_draft is not None and not drafting:
+        print("note: -md is used only with --spec-type draft-simple", file=sys.stderr)
+    if drafting:
+        model_path(args.model_draft)
+    speculation_from_args(args, None, serving=True)  # bad drafter names and lengths are usage errors now
+    try:
+        synth = synth_probabilities(args.spec_synth_rates, args.spec_synth_len, args.draft_max)
+    except ValueError as e:
+        parser.error(str(e))
+    if synth and not spec_types(args):
+        parser.error("synthetic acceptance requires an initialized speculative decoding context (--spec-type)")
+
+    def speculation() -> Speculation:
+        """A task's drafting: with synthetic acceptance, fixed lengths up to --draft-max (as llama.cpp)."""
+        spec = speculation_from_args(args, None, serving=True)
+        if synth:
+            spec.synth, spec.adaptive = synth, False
+        return spec
+
+    config = ServerConfig(
+        speculation=speculation if spec_types(args) else None,
+        embedding=args.embedding, pooling=args.pooling, model_draft=args.model_draft if drafting else None,
+        draft_params={"n_max": max(1, args.draft_max), "n_min": args.draft_min, "p_min": args.draft_p_min,
+                      "sample": args.spec_verify == "sample", "seed": args.seed},
+        model=args.model, host=args.host, port=args.port, n_slots=4 if args.parallel == -1 else args.parallel,
+        n_ctx=args.ctx_size, n_batch=n_batch, n_threads=args.threads, device=args.device,
+        kernel=args.kernel, api_keys=_api_keys(args), cors_origins=args.cors_origins,
+        cors_methods=args.cors_methods, cors_headers=args.cors_headers, cors_credentials=args.cors_credentials,
+        timeout=args.timeout, shutdown_grace=args.shutdown_grace, metrics=args.metrics, slots=args.slots,
+        props=args.props, alias=tuple(a.strip() for a in (args.alias or "").split(",") if a.strip()),
+        tags=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()), kv_unified=args.kv_unified,
+        ui=args.ui, slot_save_path=args.slot_save_path, responses_store=args.responses_store,
+        use_jinja=args.jinja, chat_template=template,
+        reasoning_format=args.reasoning_format, enable_thinking=reasoning[args.reasoning],
+        context_shift=args.context_shift, special=args.special, defaults=defaults)
+    if args.ray:
+        from samplechain.integrations.ray_serve import serve_ray
+
+        return serve_ray(config, args.replicas or 1, args.ray_address, args.log_level)
+    return run_server(config, log_level="debug" if args.verbose else args.log_level)
