@@ -136,7 +136,10 @@ def test_n_probs_prints_each_tokens_top_probabilities(capsys, smol_cli):
     (["serve", "-ctk", "q3_k"], "-ctk/--cache-type-k: unsupported cache type 'q3_k'"),
     (["serve", "--lora", "a.gguf"], "LoRA adapters (--lora): not provided by samplechain serve"),
     (["serve", "--reranking"], "reranking (--reranking): not provided by samplechain serve"),
-    (["serve", "--models-dir", "/tmp"], "router mode (--models-dir / --models-max / --models-preset): not provided"),
+    (["serve", "--models-dir", "/nonexistent"], "--models-dir: '/nonexistent' does not exist or is not a directory"),
+    (["serve", "--models-dir", "/tmp", "-m", "x.gguf"], "start a router over many models: without -m or -hf"),
+    (["serve", "--models-max", "2"], "--models-max / --no-models-autoload are router mode's"),
+    (["serve", "--router", "--ray"], "router mode runs on one machine: without --ray"),
     (["serve", "-fa", "maybe"], "-fa/--flash-attn: unknown value 'maybe' (on, off or auto)"),
     (["serve", "--reasoning", "maybe"], "--reasoning: unknown value 'maybe' (on, off or auto)"),
     (["serve", "--sleep-idle-seconds", "0"], "--sleep-idle-seconds: cannot be 0 or less than -1, got 0"),
@@ -263,10 +266,11 @@ def test_serve_takes_llama_servers_flags(monkeypatch, capsys, tmp_path):
     assert (config.reasoning_format, config.enable_thinking, config.defaults.verbose, log_level) == (
         "none", False, True, "debug")
     assert config.defaults.params.backend_sampling is True and config.slots is False
+    assert config.sleep_idle_seconds == 5
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
     assert [n.split(":")[1].strip() for n in notes] == [
         "--tools", "--ui-mcp-proxy / --mcp-servers-*", "--media-path / --mmproj / --no-mmproj", "-fa",
-        "--sleep-idle-seconds", "--cache-ram / --cache-idle-slots", "-ctk / -ctv", "--swa-full",
+        "--cache-ram / --cache-idle-slots", "-ctk / -ctv", "--swa-full",
         "--grp-attn-n / --grp-attn-w"]
     got.clear()
     assert main(["serve", "--no-jinja", "--chat-template", "llama3"]) == 0

@@ -1,6 +1,6 @@
 """``-hf`` (runtime/hub.py): llama.cpp's choice of file, downloads into the hub cache, offline mode, one-line errors,
-``Model.from_pretrained``, split models and ``cached_models``, end to end against a stand-in for the hub on
-127.0.0.1 (tests/local_hub.py); nothing goes to huggingface.co."""
+``Model.from_pretrained``, split models, ``cached_models`` and ``remove_cached``, download progress, preset repos, end
+to end against a stand-in for the hub on 127.0.0.1 (tests/local_hub.py); nothing goes to huggingface.co."""
 
 from __future__ import annotations
 
@@ -18,7 +18,16 @@ from samplechain.cli import build_parser, main
 from samplechain.gguf import GGUFError, GGUFFile
 from samplechain.runtime import Model, load_model
 from samplechain.runtime import hub as hf
-from samplechain.runtime.hub import CachedModel, best_file, cached_models, download_model, split_info, split_parts
+from samplechain.runtime.hub import (
+    CachedModel,
+    best_file,
+    cached_models,
+    download_model,
+    preset_file,
+    remove_cached,
+    split_info,
+    split_parts,
+)
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 LLAMA = "test-org/tiny-llama3-GGUF"
@@ -45,6 +54,7 @@ def local_hub(monkeypatch, tmp_path):
                                    "mmproj-tiny-Q4_K_M.gguf": MODELS / "qwen2-Q8_0.gguf",
                                    "tiny-Q6_K.gguf": MODELS / "llama3-Q8_0.gguf"}}
     repos["test-org/private-GGUF"] = llama_repo(("Q8_0",))
+    monkeypatch.setattr(hf, "_kept", {})  # no listing kept by preset_file from one test for another
     with LocalHub(repos, private={"test-org/private-GGUF": "hf_secret"}) as hub:
         cache = hub.patch(monkeypatch, tmp_path)
         yield hub, cache
@@ -287,6 +297,134 @@ def test_cached_models_are_named_as_llama_cpps_router_names_them(local_hub, tmp_
     (snap["test-org/split-GGUF"] / "tiny-Q8_0-00002-of-00002.gguf").unlink()  # an incomplete split is not listed
     assert "test-org/split-GGUF:Q8_0" not in [m.id for m in cached_models()]
     assert cached_models(tmp_path / "elsewhere") == []
+
+
+def blob(hub: LocalHub, cache: Path, repo: str, path: str) -> str:
+    return str(cache / f"models--{repo.replace('/', '--')}" / "blobs" / hub.repos[repo].sha256[path])
+
+
+def test_download_progress_reports_each_file_by_its_url(local_hub, tmp_path, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    hub, _ = local_hub
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 1 << 16)  # several updates per file
+    parts = split_gguf(MODELS / "llama3-Q8_0.gguf", tmp_path, "tiny-Q8_0", 2)
+    repo = "test-org/split-GGUF"
+    hub.add(repo, {p.name: p for p in parts})
+    urls = [f"{hub.url}/{repo}/resolve/{hub.sha(repo)}/{p.name}" for p in parts]
+    sizes = [p.stat().st_size for p in parts]
+    calls = []
+    capsys.readouterr()
+    path = download_model(f"{repo}:Q8_0", progress=lambda *call: calls.append(call))
+    assert path.endswith("/tiny-Q8_0-00001-of-00002.gguf") and len(calls) > 10
+    assert calls == [(url, min(done, size), size) for url, size in zip(urls, sizes, strict=True)
+                     for done in range(0, size + (1 << 16), 1 << 16)]  # from 0, a chunk at a time, to (size, size)
+    assert capsys.readouterr().err.count("\n") == 1  # the "hf: ..." line, no bar
+    calls.clear()  # in the cache: each file once, done
+    assert download_model(f"{repo}:Q8_0", progress=lambda *call: calls.append(call)) == path
+    assert calls == [(url, size, size) for url, size in zip(urls, sizes, strict=True)]
+    calls.clear()
+    assert download_model(f"{repo}:Q8_0", offline=True, progress=lambda *call: calls.append(call)) == path
+    assert calls == [(url, size, size) for url, size in zip(urls, sizes, strict=True)]
+
+
+def test_remove_cached_removes_one_quant(local_hub):
+    hub, cache = local_hub
+    for quant in ("Q8_0", "Q4_K_M"):
+        download_model(f"{LLAMA}:{quant}")
+    snap = snapshot(hub, cache, LLAMA)
+    assert remove_cached(f"{LLAMA}:q8_0") == [str(snap / "tiny-llama3-Q8_0.gguf"),
+                                              blob(hub, cache, LLAMA, "tiny-llama3-Q8_0.gguf")]
+    assert [m.id for m in cached_models()] == [f"{LLAMA}:Q4_K_M"]
+    assert sorted(p.name for p in snap.iterdir()) == ["tiny-llama3-Q4_K_M.gguf"]
+    assert download_model(f"{LLAMA}:Q4_K_M", offline=True) == str(snap / "tiny-llama3-Q4_K_M.gguf")
+    with pytest.raises(FileNotFoundError) as e:
+        download_model(f"{LLAMA}:Q8_0", offline=True)
+    assert str(e.value) == (f"offline mode (HF_HUB_OFFLINE=1, --offline) downloads nothing, and {LLAMA} has no Q8_0 "
+                            f"GGUF file in the hub cache ({cache}) (its cached quants: Q4_K_M)")
+    for model_id in (f"{LLAMA}:Q8_0", LLAMA, "test-org/nope:Q8_0", "nope"):
+        with pytest.raises(FileNotFoundError) as e:
+            remove_cached(model_id)
+        assert str(e.value) == f"{model_id} is not a model in the hub cache ({cache})"
+    with pytest.raises(FileNotFoundError, match="is not a model in the hub cache"):
+        remove_cached(f"{LLAMA}:Q4_K_M", cache / "elsewhere")
+
+
+def test_remove_cached_keeps_shared_blobs_and_the_rest_of_the_repo(local_hub, tmp_path):
+    hub, cache = local_hub
+    same = "test-org/same-GGUF"  # two quants with the same bytes: one blob
+    hub.add(same, {"a-Q8_0.gguf": MODELS / "llama3-Q8_0.gguf", "b-Q6_K.gguf": MODELS / "llama3-Q8_0.gguf"})
+    models = "ggml-org/models"
+    hub.add(models, {"tinyllamas/stories260K.gguf": MODELS / "llama3-Q6_K.gguf",
+                     "bert-bge-small/ggml-model-f16.gguf": MODELS / "qwen2-Q6_K.gguf"})
+    for args in ((same, "Q8_0"), (same, "Q6_K")):
+        download_model(*args)
+    download_model(models, filename="tinyllamas/stories260K.gguf")
+    download_model(models, filename="bert-bge-small/ggml-model-f16.gguf")
+    assert remove_cached(f"{same}:Q8_0") == [str(snapshot(hub, cache, same) / "a-Q8_0.gguf")]  # the blob stays
+    assert filecmp.cmp(download_model(f"{same}:Q6_K", offline=True), MODELS / "llama3-Q8_0.gguf", shallow=False)
+    snap = snapshot(hub, cache, models)
+    assert remove_cached(f"{models}:F16") == [str(snap / "bert-bge-small" / "ggml-model-f16.gguf"),
+                                              blob(hub, cache, models, "bert-bge-small/ggml-model-f16.gguf")]
+    assert sorted(p.name for p in snap.iterdir()) == ["tinyllamas"]  # the emptied folder goes, the untagged file stays
+
+
+def test_removing_the_last_model_removes_the_repo(local_hub, tmp_path):
+    hub, cache = local_hub
+    parts = split_gguf(MODELS / "llama3-Q8_0.gguf", tmp_path, "tiny-Q8_0", 2)
+    repo = "test-org/split-GGUF"
+    hub.add(repo, {p.name: p for p in parts})
+    download_model(repo)
+    folder = cache / "models--test-org--split-GGUF"
+    assert remove_cached(f"{repo}:Q8_0") == [
+        *(str(snapshot(hub, cache, repo) / p.name) for p in parts),
+        *sorted(blob(hub, cache, repo, p.name) for p in parts), str(folder)]
+    assert not folder.exists() and cached_models() == []
+
+
+def test_preset_repos(local_hub, monkeypatch, capsys):
+    hub, cache = local_hub
+    ini = b"version = 1\n\n[test-org/tiny-llama3-GGUF:Q8_0]\nc = 256\n"
+    repo = "test-org/preset-repo"
+    hub.add(repo, {"preset.ini": ini, "README.md": b"# a preset\n"})
+    hub.add("test-org/both", {"preset.ini": ini, "tiny-Q8_0.gguf": MODELS / "llama3-Q8_0.gguf"})
+    hub.add("test-org/deep", {"sub/preset.ini": ini, "tiny-Q8_0.gguf": MODELS / "llama3-Q8_0.gguf"})
+    capsys.readouterr()
+    path = preset_file(repo)
+    assert path == str(snapshot(hub, cache, repo) / "preset.ini") and Path(path).read_bytes() == ini
+    assert capsys.readouterr().err == f"hf: {repo} -> preset.ini: downloading from {hub.url} into {cache}\n"
+    assert preset_file("test-org/both:Q8_0") == str(snapshot(hub, cache, "test-org/both") / "preset.ini")
+    assert hub.downloads() == [f"/{r}/resolve/{hub.sha(r)}/preset.ini" for r in (repo, "test-org/both")]
+    listing = ("GET", f"/api/models/{LLAMA}/revision/main")
+    hub.requests.clear()  # a model repo: None, and download_model after it lists nothing more
+    assert preset_file(LLAMA) is None and hub.repo_requests() == [listing]
+    download_model(f"{LLAMA}:Q8_0")
+    assert hub.repo_requests().count(listing) == 1
+    download_model(f"{LLAMA}:Q8_0")  # the kept listing is used once
+    assert hub.repo_requests().count(listing) == 2
+    monkeypatch.setattr(hf, "KEEP_S", 0.0)  # kept too long: asked again
+    assert preset_file(LLAMA) is None and download_model(f"{LLAMA}:Q8_0")
+    assert hub.repo_requests().count(listing) == 4
+    assert preset_file("test-org/deep") is None  # only at the repo's root
+    hub.requests.clear()  # offline: from the cache, no request
+    assert preset_file(repo, offline=True) == path and preset_file(LLAMA, offline=True) is None
+    assert preset_file("test-org/not-cached", offline=True) is None and hub.requests == []
+    with socket.socket() as s:  # the hub out of reach: the cached copy
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setenv("HF_ENDPOINT", closed)
+    capsys.readouterr()
+    assert preset_file(repo) == path and preset_file(LLAMA) is None
+    assert capsys.readouterr().err == f"hf: {repo} -> preset.ini: cannot reach {closed}: the cached copy\n"
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    with pytest.raises(FileNotFoundError, match=r"^Hugging Face repo test-org/nope not found at "):
+        preset_file("test-org/nope")
+
+
+def test_remote_preset_keys_are_llama_cpps():
+    assert hf.REMOTE_PRESET_KEYS == {"model-url", "hf-repo", "hf-repo-draft", "hf-repo-v", "hf-file-v", "mmproj-url",
+                                     "pooling", "jinja", "batch-size", "ubatch-size", "cache-reuse",
+                                     "chat-template-kwargs", "mmap"}
 
 
 def test_the_flags_are_llama_cpps():

@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[2:] if argv is None else argv[1:])  # the subcommand's own, as given (router mode)
     command = command_parser(parser, args)  # its name prefixes every error: `samplechain generate: error: ...`
     run = {"serve": serve, "trace": trace}.get(args.command, generate)
     previous = catch_ctrl_c() if run is generate else None

@@ -22,6 +22,7 @@ from samplechain.param_specs import cli_non_negative_number as _non_negative_flo
 from samplechain.param_specs import cli_number as _number
 from samplechain.param_specs import cli_positive_int as _positive_int
 from samplechain.param_specs import read_text_file
+from samplechain.params import SamplingParams
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -100,11 +101,13 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--special", action="store_true", help="render special tokens in the output")
     o.add_argument("--cache-prompt", dest="cache_prompt", action="store_true", default=True)
     o.add_argument("--no-cache-prompt", dest="cache_prompt", action="store_false")
+    o.add_argument("--sleep-idle-seconds", type=int, default=-1, metavar="N",
+                   help="unload the model after N idle seconds, reload it for the next request that needs it (-1: "
+                        "never)")
     o.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                    help="HTTP server log level")
     n = sv.add_argument_group("llama-server flags that mean nothing here (accepted, with a note)")
     n.add_argument("-fa", "--flash-attn", default=None, help="on|off|auto: the attention kernels are chosen by measure")
-    n.add_argument("--sleep-idle-seconds", type=int, default=-1, help="the model stays loaded")
     n.add_argument("-cram", "--cache-ram", type=int, default=None, help="no host-memory prompt cache")
     n.add_argument("--cache-idle-slots", dest="cache_idle_slots", action="store_true", default=None,
                    help="idle slots keep their cells")
@@ -126,9 +129,6 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     x = sv.add_argument_group("llama-server features not provided (a precise error, not an unknown flag)")
     x.add_argument("--lora", "--lora-scaled", dest="lora", action="append", default=None, help="LoRA adapters")
     x.add_argument("--reranking", "--rerank", action="store_true", help="the /rerank route (needs a reranker head)")
-    x.add_argument("--models-dir", "--models-max", "--models-preset", dest="router", default=None,
-                   help="router mode (several models behind one server)")
-    x.add_argument("--no-models-autoload", dest="router", action="store_const", const="", help=argparse.SUPPRESS)
     s = sv.add_argument_group("sampling: every request's defaults (llama.cpp's flags and defaults)")
     add_sampling_arguments(s)
     spec = sv.add_argument_group("speculative decoding per slot (n-gram drafters, a draft model; same text as "
@@ -146,6 +146,21 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="serve /embedding, /embeddings and /v1/embeddings (completions are served too)")
     e.add_argument("--pooling", choices=("none", "mean", "cls", "last", "rank"), default=None,  # runtime.embeddings
                    help="how embeddings pool the prompt's tokens (default: the model's own type, else none)")
+    m = sv.add_argument_group("router mode: many models behind one server, each in a serve process of its own "
+                              "(docs/router.md)")
+    m.add_argument("--router", action="store_true",
+                   help="router mode over the models in the Hugging Face cache (with --models-dir / --models-preset: "
+                        "theirs too)")
+    m.add_argument("--models-dir", default=None, metavar="DIR",
+                   help="router mode: each NAME.gguf (or folder) of DIR is a model")
+    m.add_argument("--models-preset", default=None, metavar="FILE",
+                   help="router mode: llama.cpp's INI presets (per-model serve flags; [*] for all)")
+    m.add_argument("--models-max", type=_non_negative_int, default=4, metavar="N",
+                   help="models running at once; the least recently used idle one makes room (0: no limit)")
+    m.add_argument("--models-autoload", dest="models_autoload", action="store_true", default=True,
+                   help="load a model a request names (default)")
+    m.add_argument("--no-models-autoload", dest="models_autoload", action="store_false",
+                   help="a request for a model not loaded is a 400 (POST /models/load loads it)")
     r = sv.add_argument_group("Ray Serve (samplechain.integrations.ray_serve; needs ray[serve])")
     r.add_argument("--ray", action="store_true",
                    help="serve as replicas on Ray Serve (a conversation stays on its replica's cache)")
@@ -217,8 +232,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"-fa/--flash-attn: unknown value {args.flash_attn!r} (on, off or auto)")
     if args.sleep_idle_seconds == 0 or args.sleep_idle_seconds < -1:
         parser.error(f"--sleep-idle-seconds: cannot be 0 or less than -1, got {args.sleep_idle_seconds}")
-    for given, feature in ((args.lora, "LoRA adapters (--lora)"), (args.reranking, "reranking (--reranking)"),
-                           (args.router is not None, "router mode (--models-dir / --models-max / --models-preset)")):
+    for given, feature in ((args.lora, "LoRA adapters (--lora)"), (args.reranking, "reranking (--reranking)")):
         if given:
             parser.error(f"{feature}: not provided by samplechain serve")
     notes = [(args.tools is not None or args.tools_runtime is not None,
@@ -227,7 +241,6 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
              (args.media_path is not None or args.mmproj is not None or args.no_mmproj,
               "--media-path / --mmproj / --no-mmproj: no multimodal input here (image parts are a 400)"),
              (args.flash_attn is not None, "-fa: the attention kernels are chosen by measurement"),
-             (args.sleep_idle_seconds > 0, "--sleep-idle-seconds: the model stays loaded"),
              (args.cache_ram is not None or args.cache_idle_slots is not None,
               "--cache-ram / --cache-idle-slots: each slot keeps its prompt in its own cells; no host-memory cache"),
              (args.cache_type_k is not None or args.cache_type_v is not None,
@@ -238,6 +251,24 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     for given, note in notes:
         if given:
             print(f"note: {note}", file=sys.stderr)
+    remote = None
+    if args.hf_repo is not None and args.models_preset is None and not args.router and args.models_dir is None:
+        from samplechain.runtime.hub import preset_file
+
+        remote = preset_file(args.hf_repo, token=args.hf_token, offline=args.offline)  # a preset repo: a router
+        if remote is not None:
+            print(f"note: using preset.ini from Hugging Face repo {args.hf_repo} (router mode)", file=sys.stderr)
+            args.models_preset, args.hf_repo = remote, None
+    if args.router or args.models_dir is not None or args.models_preset is not None:
+        if args.model is not None or args.hf_repo is not None:
+            parser.error("--router / --models-dir / --models-preset start a router over many models: without -m "
+                         "or -hf")
+        if args.ray:
+            parser.error("router mode runs on one machine: without --ray")
+        return serve_router(args, parser, remote=remote is not None)
+    if args.models_max != 4 or not args.models_autoload:
+        parser.error("--models-max / --no-models-autoload are router mode's (--router, --models-dir or "
+                     "--models-preset)")
     from samplechain.runtime.generation import model_path, resolve_device
 
     from_hub(args)
@@ -291,9 +322,88 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         ui=args.ui, slot_save_path=args.slot_save_path, responses_store=args.responses_store,
         use_jinja=args.jinja, chat_template=template,
         reasoning_format=args.reasoning_format, enable_thinking=reasoning[args.reasoning],
-        context_shift=args.context_shift, special=args.special, defaults=defaults)
+        context_shift=args.context_shift, special=args.special, defaults=defaults,
+        sleep_idle_seconds=args.sleep_idle_seconds)
     if args.ray:
         from samplechain.integrations.ray_serve import serve_ray
 
         return serve_ray(config, args.replicas or 1, args.ray_address, args.log_level)
     return run_server(config, log_level="debug" if args.verbose else args.log_level)
+
+
+# the flags the router sets for each child itself (or that only the router reads), with their values
+ROUTER_FLAGS = ("-m", "--model", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "--host", "--port", "--api-key",
+                "--api-key-file", "-a", "--alias", "--tags", "--router", "--models-dir", "--models-preset",
+                "--models-max", "--models-autoload", "--no-models-autoload", "--ray", "--replicas", "--ray-address")
+
+
+def child_args(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """The router's own ``serve`` flags, as given, less those it sets for each child itself (``ROUTER_FLAGS``):
+    every model's child gets them after its preset's (so they win, as llama-server's command line does)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = parser._dashed(argv[i]) if hasattr(parser, "_dashed") else argv[i]
+        name, eq, _ = arg.partition("=")
+        action = parser._option_string_actions.get(name)
+        takes = action is not None and action.nargs != 0 and not eq
+        if name not in ROUTER_FLAGS:
+            out += argv[i:i + 1 + takes]
+        i += 1 + takes
+    return out
+
+
+def preset_flags(parser: argparse.ArgumentParser) -> object:
+    """An INI preset's ``key = value`` as ``serve`` flags: the key is a flag without its dashes (``c``,
+    ``ctx-size``); a switch takes true/false (false: its ``no-`` form, else nothing). ValueError for a key that is
+    no flag of serve's."""
+    actions = parser._option_string_actions
+
+    def flags(key: str, value: str) -> list[str]:
+        for name in (f"--{key}", f"-{key}"):
+            action = actions.get(name)
+            if action is None:
+                continue
+            if action.nargs == 0:
+                on = value.strip().lower() in ("1", "true", "on", "yes", "enabled", "")
+                if on:
+                    return [name]
+                negative = f"--no-{key}" if name.startswith("--") else None
+                return [negative] if negative in actions else []
+            return [name, value]
+        raise ValueError(f"option '{key}' is not a flag of samplechain serve")
+
+    return flags
+
+
+def serve_router(args: argparse.Namespace, parser: argparse.ArgumentParser, remote: bool = False) -> int:
+    """Router mode (``server/router.py``): this command's flags become every child's, less the router's own.
+    ``remote``: the preset came from a hub repo (only llama.cpp's remote-preset keys and sampling flags)."""
+    from samplechain.server.app import ServerConfig
+    from samplechain.server.router import RouterConfig
+    from samplechain.server.router_app import serve_router as run_router
+
+    if args.models_dir is not None and not os.path.isdir(args.models_dir):
+        parser.error(f"--models-dir: {args.models_dir!r} does not exist or is not a directory")
+    if args.models_preset is not None and not os.path.isfile(args.models_preset):
+        parser.error(f"--models-preset: no such file {args.models_preset!r}")
+    server = ServerConfig(host=args.host, port=args.port, api_keys=_api_keys(args), cors_origins=args.cors_origins,
+                          cors_methods=args.cors_methods, cors_headers=args.cors_headers,
+                          cors_credentials=args.cors_credentials, timeout=args.timeout,
+                          shutdown_grace=args.shutdown_grace, ui=False)
+    config = RouterConfig(server=server, models_dir=args.models_dir, models_preset=args.models_preset,
+                          models_max=args.models_max, autoload=args.models_autoload,
+                          child_args=tuple(child_args(parser, getattr(args, "argv", []))),
+                          flags=preset_flags(parser), preset_keys=remote_preset_keys() if remote else None)
+    return run_router(config, log_level="debug" if args.verbose else args.log_level)
+
+
+def remote_preset_keys() -> frozenset[str]:
+    """What a preset from a hub repo may set: llama.cpp's list (``hub.REMOTE_PRESET_KEYS``), the sampling flags
+    and the preset-only keys."""
+    from samplechain.param_specs import declarations
+    from samplechain.runtime.hub import REMOTE_PRESET_KEYS
+    from samplechain.server.router_models import PRESET_ONLY
+
+    sampling = {n.lstrip("-") for d in declarations(SamplingParams) for f in d.cli for n in f.names}
+    return REMOTE_PRESET_KEYS | sampling | set(PRESET_ONLY)

@@ -5,7 +5,7 @@ model file whose path matches the quant tag (``QUANT`` followed by ``.`` or ``-`
 Q4_K_M, then Q8_0, then the repo's first GGUF model file. Projector, importance-matrix and draft-head files (``mmproj``,
 ``imatrix``, ``mtp-``, ``eagle3-``, ``dflash-``, ``dspark-``) are never the model. A split model
 (``name-00001-of-0000N.gguf``) is downloaded whole and its first part returned (``gguf.py`` loads the others from
-next to it).
+next to it). The file names' rules and the cache are ``runtime/hub_cache.py``'s (its names are here too).
 
 Downloads go through ``huggingface_hub`` (its ``hf_hub_download``: the cache layout, locks, resumed downloads, tqdm
 progress bars on stderr), pinned to the commit ``main`` pointed at when the repo was listed, with ``refs/main``
@@ -14,13 +14,14 @@ listing); offline (``HF_HUB_OFFLINE=1``, or ``offline=True``: ``serve --offline`
 cached snapshot's files, as llama.cpp's ``hf_cache::get_cached_files``. When the hub cannot be reached the cache is
 used too, with a note; a model that is not there is a one-line error.
 
-The cache is the hub's own, shared with llama.cpp and every ``huggingface_hub`` user: its folder is chosen as
-llama.cpp's ``common/hf-cache.cpp: get_cache_directory`` chooses it, ``$LLAMA_CACHE`` first (llama.cpp honours it
-before the hub's variables; where it is unset, as usual, this is exactly ``huggingface_hub``'s own choice), then
-``$HF_HUB_CACHE``, ``$HUGGINGFACE_HUB_CACHE``, ``$HF_HOME/hub``, ``$XDG_CACHE_HOME/huggingface/hub``,
-``~/.cache/huggingface/hub``. The endpoint is ``$MODEL_ENDPOINT`` or ``$HF_ENDPOINT`` (llama.cpp's
+The cache is the hub's own (``hub_cache.cache_dir``: ``$LLAMA_CACHE`` first, as llama.cpp reads it, else
+``huggingface_hub``'s choice). The endpoint is ``$MODEL_ENDPOINT`` or ``$HF_ENDPOINT`` (llama.cpp's
 ``common_get_model_endpoint``), else https://huggingface.co. Both are read at each call, not when
 ``huggingface_hub`` is imported; ``huggingface_hub`` itself is imported only when something is downloaded.
+
+Also here, for llama-server's router: download progress for its ``download_progress`` events (``download_model``'s
+``progress``) and preset repos (``preset_file``: a repo with a ``preset.ini`` at its root, which ``-hf`` serves in
+router mode); the removal of a cached model (``remove_cached``: ``DELETE /models``) is ``hub_cache``'s.
 """
 
 from __future__ import annotations
@@ -30,121 +31,44 @@ import importlib
 import os
 import re
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Sequence
 
-__all__ = ["CachedModel", "SplitInfo", "best_file", "cache_dir", "cached_models", "download_model", "endpoint",
-           "is_model_file", "resolve_model_args", "split_info", "split_parts", "split_repo_tag"]
+from samplechain.runtime.hub_cache import (
+    CachedModel,
+    SplitInfo,
+    best_file,
+    cache_dir,
+    cached_files,
+    cached_models,
+    cached_ref,
+    is_model_file,
+    remove_cached,
+    repo_folder,
+    split_info,
+    split_parts,
+    split_repo_tag,
+    write_ref,
+)
+
+__all__ = ["REMOTE_PRESET_KEYS", "CachedModel", "Progress", "SplitInfo", "best_file", "cache_dir", "cached_models",
+           "download_model", "endpoint", "is_model_file", "preset_file", "remove_cached", "resolve_model_args",
+           "split_info", "split_parts", "split_repo_tag"]
+
+Progress = Callable[[str, int, int], None]  # (the file's URL, bytes done, bytes in all: 0 when unknown)
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
-DEFAULT_TAGS = ("Q4_K_M", "Q8_0")  # download.cpp: find_best_model's choice without a tag, in order
-NOT_MODELS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")  # gguf_filename_is_model
-NOT_LISTED = ("mmproj", "mtp-", "eagle3-", "dflash-", "dspark-")  # common_list_cached_models' exclusions
-_SPLIT = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.IGNORECASE)
-_TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
-_COMMIT = re.compile(r"^[0-9a-fA-F]{40}$")
-_REPO = re.compile(r"^[A-Za-z0-9_]+(?:[./-][A-Za-z0-9_]+)*$")  # hf-cache.cpp: is_valid_repo_id, less the one '/'
-
-
-@dataclass(frozen=True)
-class SplitInfo:
-    """What a GGUF file name says (``download.cpp: get_gguf_split_info``): ``prefix``, the name without ``.gguf`` and
-    the split suffix; ``tag``, the quant at its end in upper case (``Q4_K_M``; "" when none); ``index`` and ``count``
-    of a split model's part (1 and 1 for a whole file)."""
-
-    prefix: str
-    tag: str
-    index: int
-    count: int
-
-
-@dataclass(frozen=True)
-class CachedModel:
-    """A GGUF model in the hub cache, as llama.cpp's router lists it (``common_list_cached_models``).
-
-    ``id``: ``USER/REPO:QUANT``, what ``-hf`` takes to load it; ``repo`` and ``quant`` its two halves; ``filename``
-    the file's path in the repo and ``path`` its local path (a split model's: the first part's)."""
-
-    id: str
-    repo: str
-    quant: str
-    filename: str
-    path: str
-
-
-def split_info(path: str) -> SplitInfo | None:
-    """The name's prefix, quant tag and split position (``download.cpp: get_gguf_split_info``); None for a path that
-    does not end in ``.gguf``. ``tiny-Q4_K_M-00001-of-00002.gguf``: ("tiny-Q4_K_M", "Q4_K_M", 1, 2)."""
-    if not path.endswith(".gguf"):
-        return None
-    prefix, index, count = path[:-len(".gguf")], 1, 1
-    split = _SPLIT.match(prefix)
-    if split:
-        prefix, index, count = split.group(1), int(split.group(2)), int(split.group(3))
-    tag = _TAG.search(prefix)
-    return SplitInfo(prefix, tag.group(1).upper() if tag else "", index, count)
-
-
-def split_repo_tag(hf_repo: str) -> tuple[str, str]:
-    """``USER/REPO[:QUANT]`` -> (``USER/REPO``, ``QUANT`` or "") (``download.cpp: common_download_split_repo_tag``)."""
-    repo, _, tag = hf_repo.partition(":")
-    tag = tag.rsplit(":", 1)[-1]  # llama.cpp takes the last ':'-separated field as the tag
-    if not _valid_repo(repo):
-        raise ValueError(f"invalid Hugging Face repo {hf_repo!r}: expected <user>/<model>[:quant]")
-    return repo, tag
-
-
-def is_model_file(path: str) -> bool:
-    """A GGUF that can be the model (``download.cpp: gguf_filename_is_model``): no projector, importance matrix or
-    draft head in its file name."""
-    name = path.rsplit("/", 1)[-1]
-    return path.endswith(".gguf") and not any(word in name for word in NOT_MODELS)
-
-
-def best_file(files: Sequence[str], tag: str = "") -> str | None:
-    """The model file ``-hf repo[:tag]`` loads among a repo's ``files`` (``download.cpp: find_best_model``): the first
-    model file whose path has ``tag`` followed by ``.`` or ``-`` (case-insensitive), a split model's first part only;
-    without a tag Q4_K_M, then Q8_0, then the first model file. None when there is none."""
-    def first_parts(candidates: Sequence[str]) -> list[str]:
-        out = []
-        for f in candidates:
-            info = split_info(f)
-            if is_model_file(f) and info is not None and (info.count <= 1 or info.index == 1):
-                out.append(f)
-        return out
-
-    models = first_parts(files)
-    for t in ([tag] if tag else DEFAULT_TAGS):
-        pattern = re.compile(re.escape(t) + "[.-]", re.IGNORECASE)
-        for f in models:
-            if pattern.search(f):
-                return f
-    return models[0] if models and not tag else None
-
-
-def split_parts(files: Sequence[str], primary: str) -> list[str]:
-    """Every part of ``primary``'s split model among ``files``, in order (``download.cpp: get_split_files``);
-    ``[primary]`` for a whole file."""
-    info = split_info(primary)
-    if info is None or info.count <= 1:
-        return [primary]
-    parts = {}
-    for f in files:
-        other = split_info(f)
-        if other is not None and other.count == info.count and other.prefix == info.prefix:
-            parts[other.index] = f
-    return [parts[i] for i in sorted(parts)]
-
-
-def cache_dir() -> str:
-    """The hub cache folder, as llama.cpp's ``hf-cache.cpp: get_cache_directory`` chooses it (see the module's
-    docstring): ``$LLAMA_CACHE``, else ``huggingface_hub``'s own choice."""
-    for var, sub in (("LLAMA_CACHE", ()), ("HF_HUB_CACHE", ()), ("HUGGINGFACE_HUB_CACHE", ()), ("HF_HOME", ("hub",)),
-                     ("XDG_CACHE_HOME", ("huggingface", "hub"))):
-        base = os.environ.get(var)
-        if base:
-            return os.path.join(os.path.expanduser(base), *sub)
-    return os.path.join(os.path.expanduser("~"), ".cache", "huggingface", "hub")
+PRESET = "preset.ini"  # download.cpp: common_download_get_hf_plan, a preset repo's file at its root
+REMOTE_PRESET_KEYS = frozenset({
+    "model-url", "hf-repo", "hf-repo-draft", "hf-repo-v", "hf-file-v", "mmproj-url", "pooling", "jinja",
+    "batch-size", "ubatch-size", "cache-reuse", "chat-template-kwargs", "mmap"})
+"""The options a preset from a hub repo may set, as llama.cpp lists them (``common/preset.cpp:
+get_remote_preset_whitelist``, for ``common_preset_context``'s ``filter_allowed_keys`` / ``allowed_keys``: its
+``load_from_ini`` refuses any other key with "option 'KEY' is not allowed in remote presets"; never an option that
+writes files). llama.cpp also allows every sampling option (``common_arg::is_sampling``) and every other name of an
+allowed option (its other flags without dashes, its ``LLAMA_ARG_*`` variable); ``version`` is always skipped. Newer
+llama.cpp (the one llama-cpp-python 0.3.36 vendors) keeps ``filter_allowed_keys`` but never sets it: its router takes
+any key of a remote preset and warns "please only use presets that you can trust"."""
 
 
 def endpoint() -> str:
@@ -156,86 +80,6 @@ def endpoint() -> str:
 def _offline_env() -> bool:
     return any(os.environ.get(v, "").strip().upper() in ("1", "ON", "YES", "TRUE")
                for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-
-
-def _valid_repo(repo: str) -> bool:
-    return len(repo) <= 256 and repo.count("/") == 1 and _REPO.match(repo) is not None
-
-
-def _repo_folder(cache: str, repo: str) -> str:
-    return os.path.join(cache, "models--" + repo.replace("/", "--"))
-
-
-def _cached_ref(folder: str) -> str | None:
-    """The commit of the repo's cached snapshot: ``refs/main``, else the first other branch recorded
-    (``hf-cache.cpp: get_cached_ref``)."""
-    refs = os.path.join(folder, "refs")
-    names = sorted(n for n in os.listdir(refs) if os.path.isfile(os.path.join(refs, n))) if os.path.isdir(refs) else []
-    for name in sorted(names, key=lambda n: n != "main"):
-        with open(os.path.join(refs, name), encoding="utf-8") as f:
-            commit = f.read().strip()
-        if _COMMIT.match(commit):
-            return commit
-    return None
-
-
-def _cached_files(cache: str, repo: str | None = None) -> dict[str, dict[str, str]]:
-    """repo -> {path in the repo: local path} for the snapshots in the cache (``hf-cache.cpp: get_cached_files``):
-    each repo's snapshot of its cached ref, its files that exist (a broken link is no file), in path order."""
-    out: dict[str, dict[str, str]] = {}
-    if not os.path.isdir(cache):
-        return out
-    for entry in sorted(os.listdir(cache)):
-        if not entry.startswith("models--"):
-            continue
-        name = entry[len("models--"):].replace("--", "/")
-        if not _valid_repo(name) or (repo is not None and name != repo):
-            continue
-        folder = os.path.join(cache, entry)
-        commit = _cached_ref(folder)
-        snapshot = os.path.join(folder, "snapshots", commit or "")
-        if commit is None or not os.path.isdir(snapshot):
-            continue
-        files = {}
-        for root, dirs, names in os.walk(snapshot):
-            dirs.sort()
-            for n in sorted(names):
-                local = os.path.join(root, n)
-                if os.path.isfile(local):
-                    files[os.path.relpath(local, snapshot).replace(os.sep, "/")] = local
-        out[name] = dict(sorted(files.items()))
-    return out
-
-
-def cached_models(cache: str | None = None) -> list[CachedModel]:
-    """The GGUF models in the hub cache (default: :func:`cache_dir`), as llama.cpp's router lists them
-    (``download.cpp: common_list_cached_models``), sorted by repo then file.
-
-    Each repo's cached snapshot (``refs/main``, else another cached branch) is read; a GGUF file whose name ends in a
-    quant tag (:func:`split_info`: ``-`` or ``.`` then letters, digits and ``_`` before ``.gguf`` or the split suffix,
-    upper-cased: ``tinygemma3-Q8_0.gguf`` -> ``Q8_0``, ``ggml-model-f16.gguf`` -> ``F16``) gives the id
-    ``USER/REPO:TAG``, once per repo and tag; a file without one (``stories260K.gguf``), a later part of a split model,
-    and projector or draft-head files (``mmproj``, ``mtp-``, ``eagle3-``, ``dflash-``, ``dspark-``) give none. The
-    path is what ``-hf USER/REPO:TAG`` resolves to offline (:func:`best_file`); a split model is listed only when all
-    its parts are cached."""
-    cache = cache_dir() if cache is None else os.fspath(cache)
-    out = []
-    for repo, files in _cached_files(cache).items():
-        seen = set()
-        for path in files:
-            info = split_info(path)
-            if info is None or info.index != 1 or not info.tag or info.tag in seen \
-                    or any(word in info.prefix for word in NOT_LISTED):
-                continue
-            seen.add(info.tag)
-            primary = best_file(list(files), info.tag)
-            if primary is None:
-                continue
-            parts = split_parts(list(files), primary)
-            if len(parts) != (split_info(primary) or info).count:
-                continue
-            out.append(CachedModel(f"{repo}:{info.tag}", repo, info.tag, primary, files[primary]))
-    return out
 
 
 def _quants(files: Sequence[str]) -> str:
@@ -308,10 +152,58 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def _from_cache(repo: str, tag: str, filename: str | None, label: str, cache: str, why: str, note: str) -> str:
+def _resolve_url(url: str, repo: str, commit: str, path: str) -> str:
+    """The file's address on the hub, llama.cpp's key for its download progress (``{endpoint}/{repo}/resolve/{commit}/
+    {path}``)."""
+    return f"{url}/{repo}/resolve/{commit}/{path}"
+
+
+def _finished(progress: Progress | None, key: str, path: str, sent: dict[str, tuple[int, int]]) -> None:
+    """``progress(key, size, size)`` for a file in the cache, unless its download already ended so."""
+    if progress is None:
+        return
+    size = os.path.getsize(path)
+    if sent.get(key) != (size, size):
+        sent[key] = (size, size)
+        progress(key, size, size)
+
+
+def _progress_bar(progress: Progress, key: str, sent: dict[str, tuple[int, int]]) -> type:
+    """A tqdm class for ``hf_hub_download(tqdm_class=...)`` that draws nothing and hands ``progress(key, done, total)``
+    the bytes written (from the resumed size on; ``update_transfer``, the network bytes of a xet download, is not
+    counted). ``done`` never goes back (a restarted download is reported again once it passes its old mark)."""
+    from huggingface_hub.utils import tqdm
+
+    class Bar(tqdm):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            kwargs["disable"] = True  # no bar on the console: the callback shows progress
+            super().__init__(*args, **kwargs)
+            self.done = int(kwargs.get("initial") or 0)  # type: ignore[call-overload]
+            self._report()
+
+        def update(self, n: float | None = 1) -> bool | None:
+            self.done += int(n or 0)
+            self._report()
+            return None
+
+        def update_transfer(self, n: int = 1) -> None:
+            pass
+
+        def _report(self) -> None:
+            total = max(int(self.total or 0), 0)
+            last = sent.get(key)
+            if last is None or self.done > last[0] or (self.done == last[0] and total != last[1]):
+                sent[key] = (self.done, total)
+                progress(key, self.done, total)
+
+    return Bar
+
+
+def _from_cache(repo: str, tag: str, filename: str | None, label: str, cache: str, why: str, note: str,
+                progress: Progress | None = None) -> str:
     """The model from the cached snapshot only, ``why`` (offline, no hub: the start of the error when it is not
-    there), ``note`` what is said when it is."""
-    files = _cached_files(cache, repo).get(repo)
+    there), ``note`` what is said when it is; each part reported done to ``progress``."""
+    files = cached_files(cache, repo).get(repo)
     if not files:
         raise FileNotFoundError(f"{why}, and {label} is not in the hub cache ({cache})")
     try:
@@ -319,28 +211,98 @@ def _from_cache(repo: str, tag: str, filename: str | None, label: str, cache: st
     except FileNotFoundError as e:
         raise FileNotFoundError(f"{why}, and {e}") from None
     _say(label, parts, note)
+    commit, sent = cached_ref(repo_folder(cache, repo)) or "main", {}
+    for part in parts:
+        _finished(progress, _resolve_url(endpoint(), repo, commit, part), files[part], sent)
     return files[parts[0]]
 
 
-def _write_ref(cache: str, repo: str, commit: str) -> None:
-    """``refs/main`` = ``commit``, as ``hf_cache::get_repo_commit`` (and ``huggingface_hub``) record it: an offline
-    run then finds the snapshot."""
-    path = os.path.join(_repo_folder(cache, repo), "refs", "main")
+class _UseCache(Exception):
+    """The hub did not answer (unreachable, a 5xx, a 429): the cache is used. ``why`` begins the error when the file
+    is not there, ``note`` is said when it is."""
+
+    def __init__(self, why: str, note: str) -> None:
+        super().__init__(why)
+        self.why, self.note = why, note
+
+
+KEEP_S = 60.0  # how long a listing kept by preset_file waits for download_model
+_kept: dict[tuple[str, str, str | None], tuple[float, tuple[str, list[str]] | Exception]] = {}
+
+
+def _ask_hub(repo: str, url: str, token: str | None) -> tuple[str, list[str]] | Exception:
+    """(commit, files) of the repo's ``main`` (``HfApi.model_info``, one request; llama.cpp's
+    ``hf_cache::get_repo_files``), or the error to raise: ValueError, FileNotFoundError or _UseCache."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+
     try:
-        with open(path, encoding="utf-8") as f:
-            if f.read().strip() == commit:
-                return
-    except OSError:
-        pass
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(commit)
-    os.replace(tmp, path)
+        info = HfApi(endpoint=url, token=token).model_info(repo, revision="main", timeout=10)
+    except GatedRepoError:
+        return ValueError(f"{repo} is a gated repo at {url}: accept its conditions on its page and give a token "
+                          f"(-hft/--hf-token or $HF_TOKEN)")
+    except RepositoryNotFoundError:
+        return FileNotFoundError(f"Hugging Face repo {repo} not found at {url}: check its name; a private or gated "
+                                 f"repo needs a token (-hft/--hf-token or $HF_TOKEN)")
+    except RevisionNotFoundError:
+        return FileNotFoundError(f"Hugging Face repo {repo} has no main branch at {url}")
+    except HfHubHTTPError as e:
+        status = getattr(getattr(e, "response", None), "status_code", 0) or 0
+        if status < 500 and status != 429:
+            return ValueError(f"the Hugging Face hub at {url} refused {repo}: {_one_line(e)}")
+        return _UseCache(f"the Hugging Face hub at {url} answers {status}",
+                         f"the hub answers {status}: the cached copy")
+    except _network_errors() as e:
+        return _UseCache(_unreachable(url, e), f"cannot reach {url}: the cached copy")
+    return str(info.sha), [s.rfilename for s in info.siblings or []]
+
+
+def _listing(repo: str, url: str, token: str | None, keep: bool = False) -> tuple[str, list[str]]:
+    """:func:`_ask_hub`'s answer, raised when an error. ``keep``: the answer (or error) is kept for the next call for
+    the same endpoint, repo and token, which then asks nothing if it comes within ``KEEP_S`` seconds: so
+    :func:`preset_file` then :func:`download_model` cost one listing, as llama.cpp's one ``common_download_get_hf_plan``
+    does."""
+    key, now = (url, repo, token), time.monotonic()
+    kept = _kept.pop(key, None)
+    for old in [k for k, (at, _) in _kept.items() if now - at >= KEEP_S]:  # kept for no one
+        _kept.pop(old, None)
+    outcome = kept[1] if kept is not None and now - kept[0] < KEEP_S else _ask_hub(repo, url, token)
+    if keep:
+        _kept[key] = (time.monotonic(), outcome)
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+def _fetch(repo: str, path: str, commit: str, cache: str, url: str, token: str | None,
+           tqdm_class: type | None = None) -> str:
+    """``hf_hub_download`` of one file at ``commit``, its errors in one line (ValueError)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        return hf_hub_download(repo, path, revision=commit, cache_dir=cache, endpoint=url, token=token,
+                               tqdm_class=tqdm_class)
+    except HfHubHTTPError as e:
+        raise ValueError(f"downloading {path} of {repo} from {url}: {_one_line(e)}") from None
+    except _network_errors() as e:
+        raise ValueError(f"downloading {path} of {repo}: {_unreachable(url, e)}") from None
+    except OSError as e:
+        raise ValueError(f"downloading {path} of {repo} into {cache}: {_one_line(e)}") from None
+
+
+def _offline(offline: bool | None) -> bool:
+    """Only the cache: ``offline``, or ``$HF_HUB_OFFLINE`` now, or as ``huggingface_hub`` read it when imported (which
+    imports it, unless one of the first two says so)."""
+    if offline or _offline_env():
+        return True
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
 
 
 def download_model(repo: str, quant: str | None = None, filename: str | None = None, *, token: str | None = None,
-                   offline: bool | None = None) -> str:
+                   offline: bool | None = None, progress: Progress | None = None) -> str:
     """The local path of the GGUF that llama.cpp's ``-hf repo[:quant]`` (``-hff filename``) loads, downloaded into the
     hub cache unless it is there (``arg.cpp: common_models_handler_init/apply``, ``download.cpp:
     common_download_get_hf_plan``); a split model's first part, all parts fetched.
@@ -348,7 +310,12 @@ def download_model(repo: str, quant: str | None = None, filename: str | None = N
     ``repo``: ``USER/REPO`` or ``USER/REPO:QUANT``; ``quant``: the tag, when not in ``repo``; ``filename``: a file of
     the repo, then the quant is not used. ``token``: for private and gated repos (default: ``$HF_TOKEN`` or the
     token ``huggingface_hub`` has stored). ``offline``: only the cache (default: ``$HF_HUB_OFFLINE``). Says on stderr
-    which file it fetches (tqdm bars while downloading); errors are one line (ValueError, FileNotFoundError)."""
+    which file it fetches (tqdm bars while downloading); errors are one line (ValueError, FileNotFoundError).
+
+    ``progress``: instead of the tqdm bars, ``progress(url, done, total)`` while each file downloads (``url`` its
+    ``{endpoint}/{repo}/resolve/{commit}/{path}``, llama-server's key in its ``download_progress`` events; ``done``
+    never goes back; ``total`` 0 when unknown), from the resumed size to ``(size, size)``; a file already in the
+    cache gets that last call only."""
     name, tag = split_repo_tag(repo)
     if quant:
         if tag and tag.upper() != quant.upper():
@@ -356,52 +323,59 @@ def download_model(repo: str, quant: str | None = None, filename: str | None = N
         tag = quant
     label = f"{name}:{tag}" if tag and not filename else (f"{name} {filename}" if filename else name)
     cache = cache_dir()
-    offline = _offline_env() if offline is None else (offline or _offline_env())
-    if offline:
-        return _from_cache(name, tag, filename, label, cache, _OFFLINE, "in the cache (offline)")
-
-    from huggingface_hub import HfApi, constants, hf_hub_download
-    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
-
-    if constants.HF_HUB_OFFLINE:  # set in the environment before huggingface_hub was imported
-        return _from_cache(name, tag, filename, label, cache, _OFFLINE, "in the cache (offline)")
+    if _offline(offline):
+        return _from_cache(name, tag, filename, label, cache, _OFFLINE, "in the cache (offline)", progress)
     url = endpoint()
     try:
-        info = HfApi(endpoint=url, token=token).model_info(name, revision="main", timeout=10)
-    except GatedRepoError:
-        raise ValueError(f"{name} is a gated repo at {url}: accept its conditions on its page and give a token "
-                         f"(-hft/--hf-token or $HF_TOKEN)") from None
-    except RepositoryNotFoundError:
-        raise FileNotFoundError(f"Hugging Face repo {name} not found at {url}: check its name; a private or gated "
-                                f"repo needs a token (-hft/--hf-token or $HF_TOKEN)") from None
-    except RevisionNotFoundError:
-        raise FileNotFoundError(f"Hugging Face repo {name} has no main branch at {url}") from None
-    except HfHubHTTPError as e:
-        status = getattr(getattr(e, "response", None), "status_code", 0) or 0
-        if status < 500 and status != 429:
-            raise ValueError(f"the Hugging Face hub at {url} refused {name}: {_one_line(e)}") from None
-        return _from_cache(name, tag, filename, label, cache, f"the Hugging Face hub at {url} answers {status}",
-                           f"the hub answers {status}: the cached copy")
-    except _network_errors() as e:
-        return _from_cache(name, tag, filename, label, cache, _unreachable(url, e),
-                           f"cannot reach {url}: the cached copy")
-    files = [s.rfilename for s in info.siblings or []]
+        commit, files = _listing(name, url, token)
+    except _UseCache as e:
+        return _from_cache(name, tag, filename, label, cache, e.why, e.note, progress)
     parts = _choose(name, tag, filename, files, "")
-    snapshot = os.path.join(_repo_folder(cache, name), "snapshots", str(info.sha))
+    snapshot = os.path.join(repo_folder(cache, name), "snapshots", commit)
     cached = all(os.path.isfile(os.path.join(snapshot, *p.split("/"))) for p in parts)
     _say(label, parts, "in the cache" if cached else f"downloading from {url} into {cache}")
-    paths = []
+    paths, sent = [], {}
     for part in parts:
-        try:
-            paths.append(hf_hub_download(name, part, revision=info.sha, cache_dir=cache, endpoint=url, token=token))
-        except HfHubHTTPError as e:
-            raise ValueError(f"downloading {part} of {name} from {url}: {_one_line(e)}") from None
-        except _network_errors() as e:
-            raise ValueError(f"downloading {part} of {name}: {_unreachable(url, e)}") from None
-        except OSError as e:
-            raise ValueError(f"downloading {part} of {name} into {cache}: {_one_line(e)}") from None
-    _write_ref(cache, name, str(info.sha))
+        key = _resolve_url(url, name, commit, part)
+        bar = _progress_bar(progress, key, sent) if progress is not None else None
+        paths.append(_fetch(name, part, commit, cache, url, token, bar))
+        _finished(progress, key, paths[-1], sent)
+    write_ref(cache, name, commit)
     return paths[0]
+
+
+def preset_file(repo: str, *, token: str | None = None, offline: bool | None = None) -> str | None:
+    """The local path of the repo's ``preset.ini`` (at its root), downloaded into the hub cache like a model file, or
+    found in the cached snapshot offline or without the hub; None when the repo has none (a model repo). With one,
+    llama.cpp's ``-hf USER/REPO`` serves in router mode with that preset and loads no model (``download.cpp:
+    common_download_get_hf_plan``: "if preset.ini exists in the repo root, download only that file"; ``arg.cpp:
+    common_models_handler_apply``). ``repo``'s ``:QUANT``, if any, is not used.
+
+    It makes the one listing request :func:`download_model` makes, and keeps it (``KEEP_S`` seconds) for the next
+    ``download_model`` of the repo, which then asks nothing: call it first, then ``download_model`` when it gives
+    None. The options such a preset may set: :data:`REMOTE_PRESET_KEYS`. Errors as ``download_model``'s."""
+    name, _ = split_repo_tag(repo)
+    cache = cache_dir()
+
+    def cached() -> str | None:
+        return cached_files(cache, name).get(name, {}).get(PRESET)
+
+    if _offline(offline):
+        return cached()
+    url = endpoint()
+    try:
+        commit, files = _listing(name, url, token, keep=True)
+    except _UseCache as e:
+        if (path := cached()) is not None:
+            _say(name, [PRESET], e.note)
+        return path
+    if PRESET not in files:
+        return None
+    path = os.path.join(repo_folder(cache, name), "snapshots", commit, PRESET)
+    _say(name, [PRESET], "in the cache" if os.path.isfile(path) else f"downloading from {url} into {cache}")
+    path = _fetch(name, PRESET, commit, cache, url, token)
+    write_ref(cache, name, commit)
+    return path
 
 
 def resolve_model_args(args: argparse.Namespace) -> None:

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from samplechain.runtime import hub_cache
 from samplechain.server.limits import APIError
 from samplechain.server.router_models import ModelSpec, child_options, load_specs
 from samplechain.server.state import ServerConfig
@@ -56,8 +57,7 @@ class RouterConfig:
     flags: Callable[[str, str], list[str]] = lambda key, value: [f"--{key}", value]
     command: tuple[str, ...] = (sys.executable, "-m", "samplechain", "serve")
     load_timeout: float = 600.0  # seconds a child may take to load its model
-    cached: Callable[[], list] | None = None  # the hub cache's models (``hub.cached_models``)
-    resolve: Callable[[str], str | None] = lambda repo: None  # a cached repo's file (dedup-cache-models)
+    preset_keys: frozenset[str] | None = None  # the keys the preset may use (one from a hub repo), else any
     # the test hook: seconds every load and every relayed request wait first (LLAMA_SERVER_DEBUG_FAKE_TIMING: 2)
     delay: float = field(default_factory=lambda: FAKE_TIMING * bool(os.environ.get("LLAMA_SERVER_DEBUG_FAKE_TIMING")))
 
@@ -101,12 +101,13 @@ class Models:
 
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
-        self.key = secrets.token_urlsafe(24)  # the children's API key: only the router reaches them
+        self.key = secrets.token_urlsafe(24)  # the children's API key ($LLAMA_API_KEY): only the router reaches them
         self.table: dict[str, Instance] = {}
         self.queue: collections.deque[Entry] = collections.deque()
         self.changed = asyncio.Event()
         self.subscribers: set[asyncio.Queue] = set()  # /models/sse
         self.tasks: set[asyncio.Task] = set()
+        self.downloads: dict[str, asyncio.Task] = {}  # POST /models, by model id
         self.reload()
 
     # --- the list ---------------------------------------------------------------------------------------------
@@ -115,7 +116,14 @@ class Models:
         """Read the sources again: new models are listed, changed ones updated; one that is running but changed or
         gone is stopped."""
         c = self.config
-        specs = load_specs(c.models_dir, c.models_preset, c.cached if c.cache else None, c.resolve)
+        specs = load_specs(c.models_dir, c.models_preset, hub_cache.cached_models if c.cache else None, cached_file,
+                           c.preset_keys)
+        for spec in specs.values():  # a preset's unknown option is an error now, not when its model loads
+            for key, value in child_options(spec):
+                try:
+                    c.flags(key, value)
+                except ValueError as e:
+                    raise ValueError(f"--models-preset: [{spec.name}]: {e}") from None
         for name, inst in list(self.table.items()):
             spec = specs.get(name)
             if spec is None or not spec.same_as(inst.spec):
@@ -278,8 +286,7 @@ class Models:
     # --- children ---------------------------------------------------------------------------------------------
 
     def child_argv(self, inst: Instance) -> list[str]:
-        argv = [*self.config.command, "--host", "127.0.0.1", "--port", "0", "--api-key", self.key,
-                "--alias", inst.spec.name]
+        argv = [*self.config.command, "--host", "127.0.0.1", "--port", "0", "--alias", inst.spec.name]
         for key, value in child_options(inst.spec):
             argv += self.config.flags(key, value)
         return argv + list(self.config.child_args)
@@ -311,7 +318,8 @@ class Models:
         try:
             inst.process = await asyncio.create_subprocess_exec(
                 *inst.args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
+                stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
+                env={**os.environ, "LLAMA_API_KEY": self.key})  # not on its command line: /models shows that
         except OSError as e:
             inst.failed, inst.exit_code = True, None
             inst.log.append(f"cannot start {inst.args[0]}: {e.strerror}")
@@ -423,6 +431,55 @@ class Models:
                     p.kill()
                 await p.wait()
 
+    # --- the hub cache: downloads (POST /models) and removals (DELETE /models) -------------------------------------
+
+    def start_download(self, name: str) -> None:
+        """Download ``USER/REPO[:QUANT]`` into the hub cache in the background: ``download_progress`` events
+        (``{url: {"done", "total"}}``), then ``download_finished`` (and the list read again) or
+        ``download_failed`` with the error."""
+        loop = asyncio.get_running_loop()
+
+        def progress(url: str, done: int, total: int) -> None:
+            loop.call_soon_threadsafe(self.notify, "download_progress", name, {url: {"done": done, "total": total}})
+
+        async def run() -> None:
+            from samplechain.runtime.hub import download_model
+
+            self.notify("model_status", name, {"status": "downloading"})
+            try:
+                path = await asyncio.to_thread(download_model, name, offline=False, progress=progress)
+            except (ValueError, FileNotFoundError, OSError) as e:
+                self.notify("download_failed", name, {"error": str(e)})
+                return
+            finally:
+                self.downloads.pop(name, None)
+            self.reload()
+            self.notify("download_finished", name, {"path": path})
+
+        task = loop.create_task(run())
+        self.downloads[name] = task
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def remove(self, name: str) -> None:
+        """Remove a cached model's files (only the hub cache's: a folder's or a preset's model stays); a running
+        one is stopped first."""
+        inst = self.get(name)
+        if inst is not None and inst.spec.source != "cache":
+            raise APIError(400, f"model '{name}' is not in the hub cache ({inst.spec.source}): only cached models "
+                                "can be removed")
+        if inst is not None:
+            name = inst.spec.name
+            self.stop(name)
+            while inst.running:
+                await self.wait_change()
+        try:
+            await asyncio.to_thread(hub_cache.remove_cached, name)
+        except FileNotFoundError as e:
+            raise APIError(404, str(e), "not_found_error") from None
+        self.table.pop(name, None)
+        self.notify("model_remove", name)
+
     # --- the listing ------------------------------------------------------------------------------------------
 
     async def refresh_sleeping(self) -> None:
@@ -467,6 +524,16 @@ class Models:
                     item.setdefault(k, v)
             out.append(item)
         return out
+
+
+def cached_file(repo: str) -> str | None:
+    """The file ``-hf repo`` names in the hub cache, or None (``dedup-cache-models``)."""
+    from samplechain.runtime.hub import download_model
+
+    try:
+        return download_model(repo, offline=True)
+    except (ValueError, FileNotFoundError):
+        return None
 
 
 def _die_with_parent() -> None:

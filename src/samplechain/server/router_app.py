@@ -97,6 +97,26 @@ def create_router_app(models: Models, config: RouterConfig) -> FastAPI:
         models.stop(inst.spec.name)
         return reply({"success": True})
 
+    @app.post("/models")
+    async def download(request: Request) -> Response:
+        name = (await body_json(request)).get("model")
+        if not isinstance(name, str) or not name.strip():
+            raise APIError(400, "model must be a non-empty string")
+        if models.get(name) is not None:
+            raise APIError(400, f"model '{name}' already exists")
+        if name in models.downloads:
+            raise APIError(400, f"model '{name}' is already downloading")
+        models.start_download(name)
+        return reply({"success": True})
+
+    @app.delete("/models")
+    async def remove(request: Request) -> Response:
+        name = request.query_params.get("model", "")
+        if not name:
+            raise APIError(400, "model must be a non-empty string")
+        await models.remove(name)
+        return reply({"success": True})
+
     @app.get("/models/sse")
     async def events(request: Request) -> Response:
         queue: asyncio.Queue = asyncio.Queue()

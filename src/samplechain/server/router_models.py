@@ -71,8 +71,9 @@ def canonical_key(key: str) -> str:
     return key.lstrip("-")
 
 
-def read_preset(path: str) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
-    """A preset file: (``[*]``'s options, {section: options}). ValueError names the file and the problem."""
+def read_preset(path: str, allowed: frozenset[str] | None = None) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """A preset file: (``[*]``'s options, {section: options}). ValueError names the file and the problem.
+    ``allowed``: the only keys it may use (a preset from a hub repo), else any."""
     parser = configparser.ConfigParser(interpolation=None, strict=False, default_section="\x00none",
                                        comment_prefixes=(";", "#"), inline_comment_prefixes=None)
     parser.optionxform = str  # type: ignore[assignment,method-assign]  # keys keep their case (LLAMA_ARG_...)
@@ -87,6 +88,9 @@ def read_preset(path: str) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
     sections: dict[str, dict[str, str]] = {}
     for name in parser.sections():
         options = {canonical_key(k): v.strip() for k, v in parser.items(name) if k != "version"}
+        for key in options:
+            if allowed is not None and key not in allowed:
+                raise ValueError(f"--models-preset: {path}: option '{key}' is not allowed in remote presets")
         if name == "\x00top":
             common.update(options)
         elif name == "*":
@@ -128,16 +132,17 @@ def cached_specs(cached: Callable[[], list]) -> dict[str, ModelSpec]:
 
 
 def load_specs(models_dir: str | None, models_preset: str | None, cached: Callable[[], list] | None,
-               resolve: Callable[[str], str | None] = lambda repo: None) -> dict[str, ModelSpec]:
+               resolve: Callable[[str], str | None] = lambda repo: None,
+               allowed: frozenset[str] | None = None) -> dict[str, ModelSpec]:
     """Every model the router offers, by name (see the module for the order of the sources). ``cached``: the hub
     cache's models; ``resolve``: ``USER/REPO[:QUANT]`` -> the cached file it names, or None (for
-    ``dedup-cache-models``)."""
+    ``dedup-cache-models``); ``allowed``: the keys the preset may use (``read_preset``)."""
     specs: dict[str, ModelSpec] = dict(cached_specs(cached)) if cached is not None else {}
     if models_dir:
         specs.update(scan_models_dir(models_dir))
     if not models_preset:
         return specs
-    common, sections = read_preset(models_preset)
+    common, sections = read_preset(models_preset, allowed)
     for spec in specs.values():
         spec.options = {**common, **spec.options}
     dedup: set[str] = set()  # files a preset with dedup-cache-models names
