@@ -16,14 +16,13 @@ from local_hub import LocalHub, split_gguf
 from samplechain import SamplingParams
 from samplechain.cli import build_parser, main
 from samplechain.gguf import GGUFError, GGUFFile
-from samplechain.runtime import Model, load_model
+from samplechain.runtime import Model, hub_cache, load_model
 from samplechain.runtime import hub as hf
-from samplechain.runtime.hub import (
+from samplechain.runtime.hub import download_model, preset_file
+from samplechain.runtime.hub_cache import (
     CachedModel,
     best_file,
     cached_models,
-    download_model,
-    preset_file,
     remove_cached,
     split_info,
     split_parts,
@@ -65,17 +64,17 @@ def snapshot(hub: LocalHub, cache: Path, repo: str) -> Path:
 
 
 def test_file_names_are_read_as_llama_cpp_reads_them():
-    assert split_info("tiny-llama3-Q4_K_M.gguf") == hf.SplitInfo("tiny-llama3-Q4_K_M", "Q4_K_M", 1, 1)
-    assert split_info("sub/model-q8_0-00002-of-00003.gguf") == hf.SplitInfo("sub/model-q8_0", "Q8_0", 2, 3)
+    assert split_info("tiny-llama3-Q4_K_M.gguf") == hub_cache.SplitInfo("tiny-llama3-Q4_K_M", "Q4_K_M", 1, 1)
+    assert split_info("sub/model-q8_0-00002-of-00003.gguf") == hub_cache.SplitInfo("sub/model-q8_0", "Q8_0", 2, 3)
     assert split_info("bert-bge-small/ggml-model-f16.gguf").tag == "F16"
     assert split_info("Llama-3.2-1B.gguf").tag == "1B"  # the last [-.]-separated word, as llama.cpp's regex
     assert split_info("tinyllamas/stories260K.gguf").tag == ""
     assert split_info("README.md") is None
-    assert hf.split_repo_tag("ggml-org/tinygemma3-GGUF:q8_0") == ("ggml-org/tinygemma3-GGUF", "q8_0")
-    assert hf.split_repo_tag("ggml-org/models") == ("ggml-org/models", "")
+    assert hub_cache.split_repo_tag("ggml-org/tinygemma3-GGUF:q8_0") == ("ggml-org/tinygemma3-GGUF", "q8_0")
+    assert hub_cache.split_repo_tag("ggml-org/models") == ("ggml-org/models", "")
     for bad in ("models", "a/b/c", "a//b", "/b", "a/b c:Q8_0"):
         with pytest.raises(ValueError, match="expected <user>/<model>\\[:quant\\]"):
-            hf.split_repo_tag(bad)
+            hub_cache.split_repo_tag(bad)
 
 
 def test_the_file_is_chosen_as_llama_cpp_chooses_it():
@@ -99,13 +98,13 @@ def test_the_cache_folder_is_llama_cpps(monkeypatch, tmp_path):
     for var in ("LLAMA_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert hf.cache_dir() == str(tmp_path / ".cache" / "huggingface" / "hub")
+    assert hub_cache.cache_dir() == str(tmp_path / ".cache" / "huggingface" / "hub")
     expected = [("XDG_CACHE_HOME", tmp_path / "xdg" / "huggingface" / "hub"), ("HF_HOME", tmp_path / "home" / "hub"),
                 ("HUGGINGFACE_HUB_CACHE", tmp_path / "old"), ("HF_HUB_CACHE", tmp_path / "hub"),
                 ("LLAMA_CACHE", tmp_path / "llama")]
     for var, folder in expected:  # each variable takes precedence over the ones set before it
         monkeypatch.setenv(var, str(tmp_path / {"XDG_CACHE_HOME": "xdg", "HF_HOME": "home"}.get(var, folder.name)))
-        assert hf.cache_dir() == str(folder)
+        assert hub_cache.cache_dir() == str(folder)
     monkeypatch.delenv("MODEL_ENDPOINT", raising=False)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:1/")
     assert hf.endpoint() == "http://127.0.0.1:1"

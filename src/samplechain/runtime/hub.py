@@ -35,15 +35,12 @@ import time
 from collections.abc import Callable, Sequence
 
 from samplechain.runtime.hub_cache import (
-    CachedModel,
     SplitInfo,
     best_file,
     cache_dir,
     cached_files,
-    cached_models,
     cached_ref,
     is_model_file,
-    remove_cached,
     repo_folder,
     split_info,
     split_parts,
@@ -51,9 +48,7 @@ from samplechain.runtime.hub_cache import (
     write_ref,
 )
 
-__all__ = ["REMOTE_PRESET_KEYS", "CachedModel", "Progress", "SplitInfo", "best_file", "cache_dir", "cached_models",
-           "download_model", "endpoint", "is_model_file", "preset_file", "remove_cached", "resolve_model_args",
-           "split_info", "split_parts", "split_repo_tag"]
+__all__ = ["REMOTE_PRESET_KEYS", "Progress", "download_model", "endpoint", "preset_file", "resolve_model_args"]
 
 Progress = Callable[[str, int, int], None]  # (the file's URL, bytes done, bytes in all: 0 when unknown)
 

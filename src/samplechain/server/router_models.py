@@ -4,7 +4,7 @@ Three sources, as llama-server's router reads them (``tools/server/server-models
 ``common/preset.cpp``):
 
 1. the Hugging Face cache: every GGUF model downloaded with ``-hf``, named ``USER/REPO:QUANT``
-   (``samplechain.runtime.hub.cached_models``);
+   (``samplechain.runtime.hub_cache.cached_models``);
 2. ``--models-dir DIR``: each ``NAME.gguf`` in it is the model ``NAME``; each subfolder is a model named after it
    (its first shard ``*-00001-of-*.gguf``, else its GGUF; ``mmproj*`` files are skipped);
 3. ``--models-preset FILE``: llama.cpp's INI presets. A section names a model (one of the above, whose options it
@@ -127,7 +127,7 @@ def scan_models_dir(folder: str) -> dict[str, ModelSpec]:
 
 
 def cached_specs(cached: Callable[[], list]) -> dict[str, ModelSpec]:
-    """The hub cache's models (``cached``: ``hub.cached_models``), each run from its local file."""
+    """The hub cache's models (``cached``: ``hub_cache.cached_models``), each run from its local file."""
     return {m.id: ModelSpec(m.id, "cache", {"model": m.path}, m.path) for m in cached()}
 
 
