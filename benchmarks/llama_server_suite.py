@@ -140,8 +140,8 @@ MODEL_TEXT: list[tuple[str, str, str]] = [
 # Features samplechain does not provide: (pattern, message regex, the feature). A failure listed here is a test that
 # cannot pass without that feature.
 NOT_PROVIDED: list[tuple[str, str, str]] = [
-    ("test_stream::*", r".", "router mode (several models behind one server, `/models` load status) and its "
-                              "resumable streams (`/v1/stream`, `X-Conversation-Id`)"),
+    ("test_stream::*", r".", "the router's resumable streams (`/v1/stream`: a stream kept by conversation, "
+                              "`X-Conversation-Id`, resumed after a reload or stopped during a load)"),
     ("test_security::test_local_media_file[[]*", r"assert 400 == 200|unrecognized arguments: --media-path",
      "multimodal input (tinygemma3's vision projector, `--media-path` for local image files)"),
     ("test_security::test_cors_proxy_only_forwards_explicit_proxy_headers",
