@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from samplechain.cli.common import (
     Parser,
-    add_hf_arguments,
+    add_model_arguments,
     add_sampling_arguments,
     add_spec_arguments,
     command_parser,
@@ -25,9 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     g = sub.add_parser("generate", help="generate text from a prompt (llama.cpp's completion flags)")
     io = g.add_argument_group("model and prompt")
-    io.add_argument("-m", "--model", default=None,
-                    help="GGUF file, or a packaged model: smollm2 (default), gemma3-270m")
-    add_hf_arguments(io)
+    add_model_arguments(io)
     io.add_argument("-p", "--prompt", default=None, help="prompt text")
     io.add_argument("-f", "--file", default=None, help="read the prompt from a file")
     io.add_argument("--display-prompt", dest="display_prompt", action="store_true", default=True,

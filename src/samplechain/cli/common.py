@@ -106,8 +106,11 @@ def params_from_args(args: argparse.Namespace, *,
                           if d.cli or d.from_args is not None})
 
 
-def add_hf_arguments(group: argparse._ArgumentGroup) -> None:
-    """llama.cpp's Hugging Face flags (common/arg.cpp; what they do: runtime/hub.py, imported only when used)."""
+def add_model_arguments(group: argparse._ArgumentGroup) -> None:
+    """The model: ``-m`` (a file or a packaged model) or llama.cpp's Hugging Face flags (``common/arg.cpp``; what
+    they do: ``runtime/hub.py``, imported only when used)."""
+    group.add_argument("-m", "--model", default=None,
+                       help="GGUF file, or a packaged model: smollm2 (default), gemma3-270m")
     group.add_argument("-hf", "-hfr", "--hf-repo", dest="hf_repo", default=None, metavar="USER/REPO[:QUANT]",
                        help="GGUF model from a Hugging Face repo, downloaded once into the hub cache: the quant is "
                             "case-insensitive, default Q4_K_M, else Q8_0, else the repo's first GGUF")
@@ -146,6 +149,16 @@ def add_spec_arguments(sp: argparse._ArgumentGroup) -> None:
         sp.add_argument(f"--spec-ngram-mod-{what}", type=int, default=default, help=argparse.SUPPRESS)
     sp.add_argument("-lcs", "--lookup-cache-static", default=None, help="ngram-cache: static n-gram statistics")
     sp.add_argument("-lcd", "--lookup-cache-dynamic", default=None, help="ngram-cache: dynamic n-gram statistics")
+
+
+def sampling_params(args: argparse.Namespace, parser: argparse.ArgumentParser) -> SamplingParams:
+    """The sampling flags as ``SamplingParams``, the grammar or schema checked: a bad value is a usage error."""
+    try:
+        params = params_from_args(args)
+        check_constraint(params)
+    except ValueError as e:
+        parser.error(str(e))
+    return params
 
 
 def check_constraint(params: SamplingParams) -> None:

@@ -12,13 +12,12 @@ import threading
 from collections.abc import Iterable, Sequence
 
 from samplechain.cli.common import (
-    add_hf_arguments,
+    add_model_arguments,
     add_sampling_arguments,
-    check_constraint,
     from_hub,
     load_model,
-    params_from_args,
     resolve_seed,
+    sampling_params,
     speculation_from_args,
 )
 from samplechain.param_specs import read_text_file
@@ -30,9 +29,7 @@ def add_trace_parser(sub: argparse._SubParsersAction) -> None:
     """``samplechain trace``: the candidates after each stage of the chain for the next token(s), as tables."""
     tr = sub.add_parser("trace", help="show how each sampler of the chain reshapes the next token's distribution")
     io = tr.add_argument_group("model and prompt")
-    io.add_argument("-m", "--model", default=None,
-                    help="GGUF file, or a packaged model: smollm2 (default), gemma3-270m")
-    add_hf_arguments(io)
+    add_model_arguments(io)
     io.add_argument("-p", "--prompt", required=True, help="prompt text")
     io.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
     io.add_argument("--n-top", type=int, default=10, help="candidates shown per stage (default 10)")
@@ -57,11 +54,7 @@ def trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"--n-top must be positive, got {args.n_top}")
     if args.steps < 1:
         parser.error(f"--steps must be positive, got {args.steps}")
-    try:
-        params = params_from_args(args)
-        check_constraint(params)
-    except ValueError as e:
-        parser.error(str(e))
+    params = sampling_params(args, parser)
     prompt = _unescape(args.prompt) if args.escape else args.prompt
     from samplechain.runtime.chat import starts_with_bos
 
@@ -90,11 +83,7 @@ def generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     prompt = prompt or ""
     if args.n_predict < -1:
         parser.error(f"argument -n/--n-predict: must be -1 or more, got {args.n_predict}")
-    try:
-        params = params_from_args(args)
-        check_constraint(params)
-    except ValueError as e:
-        parser.error(str(e))
+    params = sampling_params(args, parser)
     params = resolve_seed(params, args)
 
     if args.batch_size < 1:

@@ -8,7 +8,7 @@ import os
 import sys
 
 from samplechain.cli.common import (
-    add_hf_arguments,
+    add_model_arguments,
     add_sampling_arguments,
     add_spec_arguments,
     check_constraint,
@@ -30,8 +30,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     every request's defaults."""
     sv = sub.add_parser("serve", help="HTTP server: llama-server's and OpenAI's API, continuously batched")
     o = sv.add_argument_group("server")
-    o.add_argument("-m", "--model", default=None, help="GGUF file, or a packaged model: smollm2 (default), gemma3-270m")
-    add_hf_arguments(o)
+    add_model_arguments(o)
     o.add_argument("--host", default="127.0.0.1",
                    help="addresses to listen on, comma-separated, or Unix socket paths ending in .sock; with several "
                         "addresses :: binds IPv6 only (default 127.0.0.1)")
@@ -380,7 +379,7 @@ def serve_router(args: argparse.Namespace, parser: argparse.ArgumentParser, remo
     """Router mode (``server/router.py``): this command's flags become every child's, less the router's own.
     ``remote``: the preset came from a hub repo (only llama.cpp's remote-preset keys and sampling flags)."""
     from samplechain.server.app import ServerConfig
-    from samplechain.server.router import RouterConfig
+    from samplechain.server.router import Models, RouterConfig
     from samplechain.server.router_app import serve_router as run_router
 
     if args.models_dir is not None and not os.path.isdir(args.models_dir):
@@ -395,6 +394,7 @@ def serve_router(args: argparse.Namespace, parser: argparse.ArgumentParser, remo
                           models_max=args.models_max, autoload=args.models_autoload,
                           child_args=tuple(child_args(parser, getattr(args, "argv", []))),
                           flags=preset_flags(parser), preset_keys=remote_preset_keys() if remote else None)
+    Models(config)  # a bad preset is a one-line error (ValueError) here, not a router that fails after listening
     return run_router(config, log_level="debug" if args.verbose else args.log_level)
 
 
