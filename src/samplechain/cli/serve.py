@@ -28,7 +28,8 @@ from samplechain.params import SamplingParams
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     """``samplechain serve``: llama-server's flags that matter (spec/server.md §9); the sampling flags become
     every request's defaults."""
-    sv = sub.add_parser("serve", help="HTTP server: llama-server's and OpenAI's API, continuously batched")
+    sv = sub.add_parser("serve", help="HTTP server: llama-server's and OpenAI's API, continuously batched",
+                        allow_abbrev=False)  # as llama-server: router mode passes the flags on by their names
     o = sv.add_argument_group("server")
     add_model_arguments(o)
     o.add_argument("--host", default="127.0.0.1",
@@ -331,7 +332,8 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 # the flags the router sets for each child itself (or that only the router reads), with their values
-ROUTER_FLAGS = ("-m", "--model", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "--host", "--port", "--api-key",
+ROUTER_FLAGS = ("-m", "--model", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-hft", "--hf-token", "--host",
+                "--port", "--api-key",
                 "--api-key-file", "-a", "--alias", "--tags", "--router", "--models-dir", "--models-preset",
                 "--models-max", "--models-autoload", "--no-models-autoload", "--ray", "--replicas", "--ray-address")
 
@@ -339,12 +341,17 @@ ROUTER_FLAGS = ("-m", "--model", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file"
 def child_args(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     """The router's own ``serve`` flags, as given, less those it sets for each child itself (``ROUTER_FLAGS``):
     every model's child gets them after its preset's (so they win, as llama-server's command line does)."""
+    actions = parser._option_string_actions
+    shorts = sorted((o for o in actions if not o.startswith("--") and actions[o].nargs != 0), key=len, reverse=True)
     out: list[str] = []
     i = 0
     while i < len(argv):
         arg = parser._dashed(argv[i]) if hasattr(parser, "_dashed") else argv[i]
         name, eq, _ = arg.partition("=")
-        action = parser._option_string_actions.get(name)
+        if name not in actions and name.startswith("-") and not name.startswith("--"):  # -mFILE: a value attached
+            name = next((o for o in shorts if name.startswith(o)), name)
+            eq = "=" if name != arg else eq
+        action = actions.get(name)
         takes = action is not None and action.nargs != 0 and not eq
         if name not in ROUTER_FLAGS:
             out += argv[i:i + 1 + takes]
@@ -367,8 +374,8 @@ def preset_flags(parser: argparse.ArgumentParser) -> object:
                 on = value.strip().lower() in ("1", "true", "on", "yes", "enabled", "")
                 if on:
                     return [name]
-                negative = f"--no-{key}" if name.startswith("--") else None
-                return [negative] if negative in actions else []
+                negative = next((n for n in (f"--no-{key}", f"-no-{key}") if n in actions), None)
+                return [negative] if negative is not None else []
             return [name, value]
         raise ValueError(f"option '{key}' is not a flag of samplechain serve")
 
@@ -393,17 +400,21 @@ def serve_router(args: argparse.Namespace, parser: argparse.ArgumentParser, remo
     config = RouterConfig(server=server, models_dir=args.models_dir, models_preset=args.models_preset,
                           models_max=args.models_max, autoload=args.models_autoload,
                           child_args=tuple(child_args(parser, getattr(args, "argv", []))),
-                          flags=preset_flags(parser), preset_keys=remote_preset_keys() if remote else None)
+                          child_env={"HF_TOKEN": args.hf_token} if args.hf_token else {},
+                          flags=preset_flags(parser), preset_keys=remote_preset_keys(parser) if remote else None)
     Models(config)  # a bad preset is a one-line error (ValueError) here, not a router that fails after listening
     return run_router(config, log_level="debug" if args.verbose else args.log_level)
 
 
-def remote_preset_keys() -> frozenset[str]:
-    """What a preset from a hub repo may set: llama.cpp's list (``hub.REMOTE_PRESET_KEYS``), the sampling flags
-    and the preset-only keys."""
+def remote_preset_keys(parser: argparse.ArgumentParser) -> frozenset[str]:
+    """What a preset from a hub repo may set: llama.cpp's list (``hub.REMOTE_PRESET_KEYS``) and the sampling flags,
+    each by any of its names (``hf``, ``hfr`` as ``hf-repo``), and the preset-only keys."""
     from samplechain.param_specs import declarations
     from samplechain.runtime.hub import REMOTE_PRESET_KEYS
     from samplechain.server.router_models import PRESET_ONLY
 
     sampling = {n.lstrip("-") for d in declarations(SamplingParams) for f in d.cli for n in f.names}
-    return REMOTE_PRESET_KEYS | sampling | set(PRESET_ONLY)
+    allowed = REMOTE_PRESET_KEYS | sampling
+    names = {n.lstrip("-") for a in parser._actions for n in a.option_strings
+             if any(o.lstrip("-") in allowed for o in a.option_strings)}
+    return frozenset(allowed | names | set(PRESET_ONLY))

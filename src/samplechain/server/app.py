@@ -1,4 +1,5 @@
-"""The HTTP server: llama-server's and OpenAI's routes over the engine (FastAPI + uvicorn; spec/server.md §2-3).
+"""The HTTP server: llama-server's and OpenAI's routes over the engine (FastAPI + uvicorn; llama-server's
+route table is in tools/server/server.cpp).
 
 Handlers parse, tokenize and format (one router per API family: ``routes_native``, ``routes_openai`` and the
 ``visualizer``); the engine thread does everything else. Each request's tasks send their events through a
@@ -52,7 +53,8 @@ PUBLIC_PATHS = ("/health", "/v1/health", *FRONTEND_PATHS)
 
 
 class Gate:
-    """Pure ASGI middleware in llama-server's order (spec/server.md §2.2): CORS headers, OPTIONS answered at once,
+    """Pure ASGI middleware in llama-server's order (its pre-routing handler in
+    tools/server/server-http.cpp): CORS headers, OPTIONS answered at once,
     503 while loading, the API key, then the route; with ``--sleep-idle-seconds``, a request that needs the model
     wakes it and waits for it (server/sleep.py)."""
 
@@ -344,6 +346,7 @@ def listen(hosts: str, port: int) -> list[socket.socket]:
                                            f"{e.strerror}") from None
                 port = sock.getsockname()[1]
             sock.set_inheritable(True)
+            sock.listen(2048)  # listening now: a client that reads "listening on" may connect at once
             out.append(sock)
     except BaseException:
         for sock in out:

@@ -53,6 +53,7 @@ class RouterConfig:
     models_max: int = 4  # models running at once (0: no limit)
     autoload: bool = True  # --models-autoload / --no-models-autoload
     child_args: tuple[str, ...] = ()  # every child's serve flags: the router's own, less what the router controls
+    child_env: dict[str, str] = field(default_factory=dict)  # and environment (secrets: never on a command line)
     # an INI option -> serve flags (``("c", "4096")`` -> ``["-c", "4096"]``); ValueError for an unknown key
     flags: Callable[[str, str], list[str]] = lambda key, value: [f"--{key}", value]
     command: tuple[str, ...] = (sys.executable, "-m", "samplechain", "serve")
@@ -319,7 +320,7 @@ class Models:
             inst.process = await asyncio.create_subprocess_exec(
                 *inst.args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
-                env={**os.environ, "LLAMA_API_KEY": self.key})  # not on its command line: /models shows that
+                env={**os.environ, **self.config.child_env, "LLAMA_API_KEY": self.key})  # not in args: /models has them
         except OSError as e:
             inst.failed, inst.exit_code = True, None
             inst.log.append(f"cannot start {inst.args[0]}: {e.strerror}")
