@@ -99,7 +99,7 @@ bench: setup
 	$(PY) -m benchmarks.bench_server
 
 # llama.cpp's own server test suite (tools/server/tests) against `samplechain serve`, the local model standing in
-# for the suite's downloads; FILES=test_basic etc. to choose (default: the files of the README's table)
+# for the suite's downloads; FILES=test_basic etc. to choose (default: the files of docs/llama_server_suite.md's table)
 server-suite: setup
 	$(PIP) install --quiet -e '.[bench]'
 	$(PY) -m tests.llama_tree

@@ -153,7 +153,7 @@ NOT_PROVIDED: list[tuple[str, str, str]] = [
      "multimodal input (tinygemma3's vision projector; the test downloads its images)"),
     ("test_security::test_cors_options[[]*", r"Access-Control-Allow-",
      "llama-server's permissive CORS default (every origin echoed, with credentials): samplechain's default is "
-     "loopback origins only and `--cors-origins '*'` never carries credentials, by design (README, \"Safe by "
+     "loopback origins only and `--cors-origins '*'` never carries credentials, by design (docs/server.md, \"Safe by "
      "default\"); `--cors-origins localhost`, which the suite tests too, passes"),
     ("test_security::test_cors_origins_defaults_to_localhost_with_tools_enabled", r"unrecognized arguments: --tools",
      "the server-side agent tools (`--tools`: file and shell tools behind `/tools`); the CORS default this test "

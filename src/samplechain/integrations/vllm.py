@@ -29,7 +29,7 @@ vLLM facts this relies on (vLLM 0.32):
 * the logprobs vLLM reports are the raw model's. ``n_probs`` (post-chain probabilities, llama-server's
   ``post_sampling_probs``) cannot travel in vLLM's output: they are kept per request under
   ``extra_args["samplechain_id"]`` and read in-process with :func:`post_sampling_probs` (``LLM`` with
-  ``VLLM_ENABLE_V1_MULTIPROCESSING=0``); see the README.
+  ``VLLM_ENABLE_V1_MULTIPROCESSING=0``); see docs/vllm.md.
 """
 
 from __future__ import annotations
