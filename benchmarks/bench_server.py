@@ -23,7 +23,7 @@ samplechain with ``stream_options.include_usage``; otherwise content chunks, one
 llama-cpp-python's server runs one request at a time (a lock around its single ``Llama``); it is started with
 ``--interrupt_requests False``, since by default a waiting request cuts the running stream short. It is launched
 through this module (``--serve-anchor``) so that the model loads with ``use_extra_bufts=False``
-(spec/runtime-notes.md: ggml's AMX path segfaults on some machines of this kind); ``Llama(use_extra_bufts=False)``
+(ggml's AMX path segfaults on some machines of this kind); ``Llama(use_extra_bufts=False)``
 would be swallowed by its ``**kwargs``, so the default model parameters are patched instead.
 
 Also: single-stream decode rate through the server (tokens after the first / time after the first token, at

@@ -27,7 +27,7 @@ def compare(make, n_vocab: int, steps: int, seed: int) -> str | None:
         if len(ids) != len(c):
             return f"step {step}: {len(c)} candidates vs llama.cpp {len(ids)}"
         if not np.array_equal(ids, c.ids):
-            # llama.cpp's sorts are unstable: equal logits may come in another order (spec P1). The same logit
+            # llama.cpp's sorts are unstable: equal logits may come in another order. The same logit
             # sequence means the candidates differ only among ties.
             if not np.array_equal(logits, c.logits):
                 return f"step {step}: candidates differ beyond ties"

@@ -1,4 +1,4 @@
-"""Chain semantics (spec/samplers §2.4)."""
+"""Chain semantics (llama.cpp's llama_sampler_chain_*, src/llama-sampler.cpp)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""CommonSampler's stages and its stage observer: the sampling order written once (spec/samplers §5.5)."""
+"""CommonSampler's stages and its stage observer: the sampling order written once (common_sampler_sample)."""
 
 import numpy as np
 

@@ -1,8 +1,8 @@
 """The fast CPU paths give bitwise the candidates, probabilities, selection and draws of the straightforward ones.
 
-Two references: a plain NumPy model of the spec written here (full stable sorts, binary32 sums with
+Two references: a plain NumPy model of llama.cpp's samplers written here (full stable sorts, binary32 sums with
 ``np.cumsum``, ``expf`` as the binary64 exponential rounded once), and the samplers applied one by one
-(``Chain`` fuses runs such as top-k -> top-p -> min-p -> temp -> dist into one step, spec/samplers §2.4).
+(``Chain`` fuses runs such as top-k -> top-p -> min-p -> temp -> dist into one step).
 """
 
 import copy
@@ -287,7 +287,8 @@ P4 = np.log(np.array([0.1, 0.2, 0.3, 0.4], dtype=F32))
 
 
 @pytest.mark.parametrize("members, ids, probs", [
-    # spec/samplers §7.2 cases 7, 11, 12 and 16, here through the fused step
+    # llama.cpp's tests/test-sampling.cpp cases top_k 3, top_p 0.7, top_p 0.8 and min_p 0.26, here through the
+    # fused step
     (lambda: [TopK(3), Dist(0)], [3, 2, 1], [0.4444444477558136, 0.3333333134651184, 0.2222222238779068]),
     (lambda: [TopK(4), TopP(0.7), Dist(0)], [3, 2], [0.5714285969734192, 0.4285714030265808]),
     (lambda: [TopK(40), TopP(0.8), Dist(0)], [3, 2, 1], [0.4444444477558136, 0.3333333134651184, 0.2222222238779068]),
@@ -516,7 +517,7 @@ def test_min_p_on_descending_logits_as_a_list():
 
 
 def test_uniform_double_across_a_block_boundary():
-    """Two-word draws that straddle the generator's 624-word blocks equal the word stream (spec §4.3)."""
+    """Two-word draws that straddle the generator's 624-word blocks equal the word stream."""
     a, b = LlamaRng(99), np.random.RandomState(99)
     words = [int(w) for w in b.randint(0, 2**32, size=2000, dtype=np.uint64)]
     assert a.uniform_float() == F32(words[0]) / F32(2**32)

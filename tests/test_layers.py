@@ -1,32 +1,16 @@
-"""DESIGN.md's layers: no module imports a layer above its own, and torch stays out of the NumPy layers."""
+"""The layers (docs/architecture.md): no module imports a layer above its own, and torch stays out of the NumPy
+layers."""
 
 import ast
 import pathlib
+import re
 
 import pytest
 
-SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "samplechain"
+from samplechain._layers import LAYERS
 
-# layer of each module or package (DESIGN.md's table) and the layers it uses directly; a module may import any layer
-# below its own (the closure of these sets). _numeric, the binary32 arithmetic of the NumPy layers, is below all of
-# them; samplers read token texts (dry, infill) through vocab.
-LAYERS = {
-    "_numeric": set(), "candidates": set(), "rng": set(), "rows": set(), "gguf": set(), "tokenizer": set(),
-    "samplers": {"candidates", "rows", "rng", "vocab"},
-    "chain": {"samplers", "candidates"},
-    "device": {"samplers", "rows", "candidates", "chain", "rng"},
-    "vocab": {"gguf", "tokenizer"},
-    "grammar": {"vocab", "candidates", "samplers"},
-    "param_specs": {"samplers"},
-    "params": {"chain", "grammar", "param_specs"},
-    "chat": {"vocab", "grammar", "params"},
-    "runtime": {"device", "params", "gguf", "chat"},
-    "speculative": {"runtime"},
-    "trace": {"params", "runtime"},
-    "integrations": {"device", "params", "server"},
-    "server": {"runtime", "speculative", "trace", "chat"},
-    "cli": {"server", "integrations"},
-}
+SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "samplechain"
+DOC = SRC.parents[1] / "docs" / "architecture.md"
 
 
 def below(layer: str) -> set[str]:
@@ -143,3 +127,19 @@ def test_no_import_circle_between_modules():
     for module in sorted(graph):
         if module not in state:
             visit(module, [module])
+
+
+def doc_table() -> dict[str, set[str]]:
+    """The layer table of docs/architecture.md: each row's layer and the layers in its "uses directly" column."""
+    text = DOC.read_text(encoding="utf-8")
+    table = text[text.index("<!-- layers -->"):text.index("<!-- /layers -->")]
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = set(re.findall(r"`([a-z_]+)`", cells[1]))
+    return rows
+
+
+def test_the_architecture_page_shows_this_table():
+    assert doc_table() == {layer: set(used) for layer, used in LAYERS.items()}

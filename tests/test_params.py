@@ -1,4 +1,4 @@
-"""SamplingParams and CommonSampler (spec/samplers §5-6)."""
+"""SamplingParams and CommonSampler (llama.cpp's common/sampling.cpp and its flags in common/arg.cpp)."""
 
 import math
 

@@ -1,4 +1,5 @@
-"""The reasoning budget in SamplingParams and CommonSampler (spec/samplers §5.2 step 6, §5.5, §5.6, §5.10, §6.3)."""
+"""The reasoning budget in SamplingParams and CommonSampler (llama.cpp's common_sampler_init, common_sampler_sample
+and common_sampler_accept in common/sampling.cpp; the server fields of tools/server/server-schema.cpp)."""
 
 import numpy as np
 import pytest

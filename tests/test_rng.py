@@ -1,4 +1,4 @@
-"""spec/samplers §4.7: bit-exact vectors of std::mt19937 + libstdc++ distributions."""
+"""Bit-exact vectors of std::mt19937 + libstdc++ distributions, as llama.cpp built with GCC draws them."""
 
 import numpy as np
 import pytest

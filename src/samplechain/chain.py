@@ -1,4 +1,5 @@
-"""``Chain``: samplers applied in order, with accept fan-out, reset, clone and perf counters (spec §2.4)."""
+"""``Chain``: samplers applied in order, with accept fan-out, reset, clone and perf counters (llama.cpp's
+``llama_sampler_chain_*``, src/llama-sampler.cpp)."""
 
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 
 Each field of ``SamplingParams`` is declared with :func:`param`: its default, how the Python API validates it,
 how llama-server reads it from a request (its names in priority order and its rule: a soft clamp, a hard range,
-or a parser of its own; spec/server §4) and its command-line flags (spec/samplers §6.2). The dataclass's
-validation, ``from_dict``, the ``generate``/``serve`` flags and the server's request parsing all walk these
-declarations, so a new parameter is one declaration.
+or a parser of its own, as in llama-server's tools/server/server-schema.cpp) and its command-line flags
+(llama.cpp's common/arg.cpp). The dataclass's validation, ``from_dict``, the ``generate``/``serve`` flags and the
+server's request parsing all walk these declarations, so a new parameter is one declaration.
 
 This module knows nothing of the parameters themselves (they live in ``params``), nor of the server.
 """

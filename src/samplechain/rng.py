@@ -1,7 +1,8 @@
 """llama.cpp-exact random draws: ``std::mt19937`` and libstdc++'s canonical and discrete distributions.
 
-spec/samplers §4. One :class:`LlamaRng` per sampler; the same seed gives the same words, uniforms and
-discrete draws as llama.cpp built with GCC/libstdc++.
+As in llama.cpp's src/llama-sampler.cpp (``get_rng_seed``, ``llama_sampler_dist_apply``, ``llama_sample_dist``),
+one :class:`LlamaRng` per sampler; the same seed gives the same words, uniforms and discrete draws as llama.cpp
+built with GCC/libstdc++.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Traces of sampling steps: the candidates after every stage of a ``CommonSampler``'s chain (issue 16).
+"""Traces of sampling steps: the candidates after every stage of a ``CommonSampler``'s chain.
 
 :func:`trace_step` samples one token with :meth:`CommonSampler.sample` itself, observing it, and records, after
 each stage, the number of candidates, the top ``n_top`` of them (id, logit, probability) and the token a selector
 chose. It changes nothing about the result: the stages are ``CommonSampler.stages`` (the reasoning budget, the
 grammar when it is applied first, the chain's members), observed one member at a time; ``Chain.apply`` fuses runs
 such as top-k -> top-p -> min-p -> temp -> dist into one step that is bitwise the members applied one by one
-(spec/samplers §2.4, tests/test_fused_chain.py), so the candidates, probabilities, random draws, the selected token
+(tests/test_fused_chain.py), so the candidates, probabilities, random draws, the selected token
 and the sampler's state afterwards are those of an unobserved ``sample``. When the grammar refuses the token
 (rejection), it is recorded as ``rejected`` and the stages are those of the second pass, from fresh candidates with
 the grammar applied first.

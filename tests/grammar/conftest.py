@@ -5,7 +5,8 @@ import pytest
 
 from samplechain import Vocab
 
-# llama.cpp's grammar test cases, as collected in spec/grammar-cases.json (copied here so tests run anywhere)
+# llama.cpp's grammar test cases (tests/test-grammar-integration.cpp, test-grammar-parser.cpp,
+# test-llama-grammar.cpp, test-json-schema-to-grammar.cpp), collected as data so the tests run anywhere
 CASES = json.loads((Path(__file__).parent / "grammar_cases.json").read_text(encoding="utf-8"))
 
 
@@ -15,7 +16,7 @@ def normalise(grammar: str) -> str:
 
 
 def feed(matcher, item) -> bool:
-    """The spec's harness: a string is fed one code point per token (id 0); segments may be whole tokens."""
+    """llama.cpp's test harness: a string is fed one code point per token (id 0); segments may be whole tokens."""
     segments = [{"text": item}] if isinstance(item, str) else item
     for seg in segments:
         if "token" in seg:

@@ -3,8 +3,8 @@
 Control tokens (special, not end-of-generation) are matched only by token items (``<[id]>``, ``<|name|>``,
 ``!<[id]>``), never by literals, character classes or ``.``. llama.cpp matches their rendered text, so 14 of
 SmolLM2's 17 control tokens (``<|im_start|>``, ``<file_sep>``, ...) fit inside a JSON string there
-(spec/runtime-notes, "a bug not to copy"). End-of-generation (EOG) tokens are allowed exactly where the grammar
-can end (spec/grammar §3.5, §3.8). ``mask()``, ``mask_tensor()``, ``allows()``, ``apply()`` and ``accept`` agree,
+(a bug not to copy). End-of-generation (EOG) tokens are allowed exactly where the grammar can end, as in
+llama.cpp's llama_grammar_apply_impl. ``mask()``, ``mask_tensor()``, ``allows()``, ``apply()`` and ``accept`` agree,
 for lazy grammars too.
 """
 
@@ -183,7 +183,7 @@ def test_negated_token_item_accepts_any_other_token_control_ones_included(model)
     for text in (f"root ::= !<[{tok}]>", f"root ::= !{name}"):
         s = GrammarSampler(vocab, text)
         expect = np.ones(vocab.n_tokens, dtype=bool)
-        expect[[tok, *want["eog"]]] = False  # spec §1.4: any single token but the id; EOG only at the end
+        expect[[tok, *want["eog"]]] = False  # !<[id]>: any single token but the id; EOG only at the end
         assert (s.mask() == expect).all()
         assert int(s.mask().sum()) == want["n"] - 1 - len(want["eog"])
         mask = agreement(s, [*control_ids(vocab), *want["eog"]])

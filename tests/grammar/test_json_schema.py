@@ -1,4 +1,5 @@
-"""JSON Schema -> GBNF (spec/grammar §5): llama.cpp's exact output, its failures, our fixes and errors."""
+"""JSON Schema -> GBNF (common/json-schema-to-grammar.cpp): llama.cpp's exact output, its failures, our fixes and
+errors."""
 
 import json
 import warnings
@@ -48,7 +49,7 @@ def integer_grammar(**bounds):
      {"exclusiveMinimum": 9.5, "exclusiveMaximum": 2001}, {"maximum": -120}, {"minimum": 6.2, "maximum": 9.9}],
 )
 def test_integer_ranges_are_exact(bounds):
-    # Q10 fixed: llama.cpp's grammar for minimum 1005 accepts 100, 1000 and 1004
+    # fixed: llama.cpp's grammar for minimum 1005 accepts 100, 1000 and 1004
     g = integer_grammar(**bounds)
     lo = bounds.get("minimum", bounds.get("exclusiveMinimum", -1e9))
     hi = bounds.get("maximum", bounds.get("exclusiveMaximum", 1e9))
@@ -66,7 +67,7 @@ def test_q10_fixed_shape():
 
 
 def test_string_with_allof_merges_instead_of_an_empty_object():
-    # Q9 fixed: llama.cpp emits "{" space "}" for this schema
+    # fixed: llama.cpp emits "{" space "}" for this schema
     g = Grammar.from_gbnf(convert({"type": "string", "allOf": [{"minLength": 2}, {"maxLength": 3}]}))
     assert accepts(g, '"abc"') and not accepts(g, '"a"') and not accepts(g, '"abcd"') and not accepts(g, "{}")
 
@@ -153,7 +154,7 @@ value ::= object | array | string | number | boolean | null
 
 @pytest.mark.parametrize("schema", [{}, "{}", " { } ", {"description": "anything", "title": "t"}])
 def test_schema_without_type_or_keywords_is_any_value(schema):
-    # spec/grammar §5.2 step 8 and §5.5 "any": root ::= value, with the whole value family
+    # a schema without type or keywords is any value: root ::= value, with the whole value family
     assert convert(schema) == ANY_VALUE_GRAMMAR
     g = Grammar.from_gbnf(convert(schema))
     for doc in ('{"a": [1, null]}', "[]", '"s"', "-1.5e3", "true", "null"):
@@ -162,7 +163,7 @@ def test_schema_without_type_or_keywords_is_any_value(schema):
 
 
 def test_server_response_schema_reads_an_empty_schema_as_any_object():
-    # llama-server (spec/grammar §4.3, spec/server): an empty json_schema means {"type": "object"}
+    # llama-server (oaicompat_chat_params_parse): an empty json_schema means {"type": "object"}
     assert server_response_schema({}) == {"type": "object"}
     out = convert(server_response_schema({}))
     assert out == ANY_VALUE_GRAMMAR.replace("root ::= value", "root ::= object")

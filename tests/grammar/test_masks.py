@@ -1,4 +1,4 @@
-"""Token masks (spec/grammar §3.8): exactly the tokens a transition accepts, on toy and real vocabularies."""
+"""Token masks (llama_grammar_apply_impl): exactly the tokens a transition accepts, on toy and real vocabularies."""
 
 import json
 import random

@@ -1,4 +1,5 @@
-"""The matcher (spec/grammar §3): llama.cpp's integration cases, initial stacks, rejects, partial UTF-8, tokens."""
+"""The matcher (src/llama-grammar.cpp): llama.cpp's integration cases, initial stacks, rejects, partial UTF-8,
+tokens."""
 
 import pytest
 from tests.grammar.conftest import CASES, feed

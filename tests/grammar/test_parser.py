@@ -1,4 +1,5 @@
-"""GBNF parsing (spec/grammar §1-2) and grammar construction checks (§3.7), with the hazards as errors."""
+"""GBNF parsing (llama_grammar_parser) and grammar construction checks (llama_grammar_init_impl), with the hazards as
+errors."""
 
 import pytest
 from tests.grammar.conftest import CASES
@@ -75,7 +76,7 @@ def test_parse_errors_say_what_and_where(text, message, line, column):
 
 
 def test_dangling_alternative_joins_the_next_line():
-    # spec §1.3 pitfall: the trailing '|' swallows the newline, so 'b' becomes part of the rule
+    # a GBNF pitfall: the trailing '|' swallows the newline, so 'b' becomes part of the rule
     with pytest.raises(GrammarError, match="expecting newline or end"):
         parse_gbnf('a ::= "x" |\nb ::= "y"')
     assert parse_gbnf('a ::= "x" |').rules[0][-2:] == [(1, 0), (0, 0)]
@@ -108,7 +109,7 @@ def test_upper_bound_above_limit_is_unbounded():
 @pytest.mark.parametrize(
     "text",
     [
-        # spec Q15: left recursion through an indirectly nullable rule (llama.cpp misses it and hangs)
+        # left recursion through an indirectly nullable rule (llama.cpp misses it and hangs)
         'root ::= a root "x" | "y"\na ::= b\nb ::= | "z"',
         'root ::= a\na ::= b a "q" | "r"\nb ::= c\nc ::= ("s")?',
         'root ::= "a" | root',

@@ -1,4 +1,5 @@
-"""The grammar sampler in chains and CommonSampler (spec/grammar §3.10-3.11, §4): masks, refusal, lazy triggers."""
+"""The grammar sampler in chains and CommonSampler (llama.cpp's grammar sampler and common_sampler_sample): masks,
+refusal, lazy triggers."""
 
 import numpy as np
 import pytest
@@ -34,7 +35,7 @@ def test_accept_follows_and_refuses(toy_vocab):
     with pytest.raises(GrammarError, match="refuses token 3"):
         s.accept(3)
     with pytest.raises(GrammarError, match="end-of-generation"):
-        s.accept(1)  # llama.cpp aborts the process here (Q5)
+        s.accept(1)  # llama.cpp aborts the process here
     s.accept(12)
     assert s.is_accepting()
     s.accept(1)  # EOG once complete: no state change

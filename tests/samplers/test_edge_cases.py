@@ -1,4 +1,4 @@
-"""Edge cases of the individual samplers (spec/samplers §3) and the fixes of llama.cpp bugs (§8)."""
+"""Edge cases of the individual samplers (src/llama-sampler.cpp) and the fixes of llama.cpp bugs."""
 
 import numpy as np
 import pytest
@@ -239,7 +239,7 @@ def test_logit_bias_identity_and_reordered():
     TopK(4).apply(c)
     s.apply(c)
     assert dict(zip(c.ids.tolist(), c.logits.tolist(), strict=True)) == {0: 5.0, 1: 1.0, 2: -np.inf, 3: 3.0}
-    assert not c.sorted  # llama.cpp leaves the stale flag (P2)
+    assert not c.sorted  # llama.cpp leaves the stale flag
 
 
 def test_logit_bias_duplicates_are_summed():

@@ -1,4 +1,5 @@
-"""The reasoning-budget sampler (spec/samplers §3.19) and the cases of llama.cpp's test-reasoning-budget (§7.5)."""
+"""The reasoning-budget sampler (common/reasoning-budget.cpp) and the cases of llama.cpp's
+tests/test-reasoning-budget.cpp."""
 
 import numpy as np
 import pytest
@@ -36,7 +37,7 @@ def run(rb, sequence, max_token=120):
     return out
 
 
-# --- the cases of tests/test-reasoning-budget.cpp (spec §7.5) --------------------------------------------------
+# --- the cases of tests/test-reasoning-budget.cpp --------------------------------------------------------------
 
 @pytest.mark.parametrize("sequence, start, end, forced, budget, state, expected", [
     pytest.param([100, 50, 51, 101, 52], [[100]], [[101]], [102], 5, S.IDLE,
@@ -313,7 +314,7 @@ def test_apply_is_a_no_op_outside_forcing():
 def test_identity():
     rb = ReasoningBudget(None, [[1]], [[2]], [3], 5)
     assert rb.name == rb.display_name == "reasoning-budget" and rb.effect == FILTER and not rb.disabled
-    assert rb.device_plan(DeviceShape()) is None  # no device form (spec §2.6)
+    assert rb.device_plan(DeviceShape()) is None  # no device form (as in llama.cpp)
     assert repr(rb) == ("ReasoningBudget(start=((1,),), end=((2,),), forced=(3,), budget=5, "
                         "initial_state='IDLE')")
 

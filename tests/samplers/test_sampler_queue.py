@@ -1,4 +1,4 @@
-"""llama.cpp's test_sampler_queue (spec/samplers §7.3): top-k / top-p / min-p in every order, then dist(0)."""
+"""llama.cpp's test_sampler_queue (tests/test-sampling.cpp): top-k / top-p / min-p in every order, then dist(0)."""
 
 import math
 

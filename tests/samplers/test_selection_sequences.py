@@ -1,4 +1,4 @@
-"""spec/samplers §4.7: tokens drawn by one sampler instance applied repeatedly (llama.cpp's exact draws)."""
+"""Tokens drawn by one sampler instance applied repeatedly (llama.cpp's exact draws)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Every case of llama.cpp's tests/test-sampling.cpp (spec/samplers §7.2), exact expected values."""
+"""Every case of llama.cpp's tests/test-sampling.cpp, exact expected values."""
 
 import numpy as np
 import pytest

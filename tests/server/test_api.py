@@ -1,4 +1,4 @@
-"""The HTTP API against a live server: llama-server's shapes (spec/server.md §3, §5, §6, §11) and the official
+"""The HTTP API against a live server: llama-server's shapes (tools/server/server-task.cpp) and the official
 openai client."""
 
 import json
@@ -426,7 +426,7 @@ def test_logit_bias_forms_and_out_of_vocabulary_ids(server):
         r = call(server, "POST", "/completion", {**base, "logit_bias": bias}).json()
         assert not r["content"].startswith(" 5"), bias
     r = call(server, "POST", "/completion", {**base, "logit_bias": [[49152, 1.0]]})
-    assert r.status == 400 and "49152" in r.json()["error"]["message"]  # llama-server skips it silently (P28)
+    assert r.status == 400 and "49152" in r.json()["error"]["message"]  # llama-server skips it silently
 
 
 def test_speculative_slots_give_the_same_text(smol):

@@ -640,7 +640,7 @@ def test_the_watchdog_clocks():
 
 def test_extreme_but_valid_numbers_answer_with_null_not_500(small):
     """A penalty of -1e308 or a bias of 1e308 makes logits infinite: the answer carries null where JSON has no
-    number (spec/server.md §2.3), never a 500."""
+    number (as llama-server's JSON library writes it), never a 500."""
     r = call(small, "POST", "/completion", {"prompt": "Hi", "n_predict": 2, "repeat_penalty": 1.5,
                                             "frequency_penalty": -1e308, "seed": 1})
     assert r.status == 200 and r.json()["tokens_predicted"] == 2

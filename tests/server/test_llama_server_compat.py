@@ -1,6 +1,6 @@
-"""What llama-server's own test suite expects of the server's surface (issue 24): header names as it spells them,
-progress timings, idle slots, slot save / restore / erase, token counting, the UI's public files, a unified KV
-pool, several listen addresses, chat templates by name or source, ``--verbose`` and ``--reasoning``."""
+"""What llama-server's own test suite (tools/server/tests/unit) expects of the server's surface: header names as it
+spells them, progress timings, idle slots, slot save / restore / erase, token counting, the UI's public files, a
+unified KV pool, several listen addresses, chat templates by name or source, ``--verbose`` and ``--reasoning``."""
 
 import socket
 

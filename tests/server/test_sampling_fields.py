@@ -1,4 +1,5 @@
-"""llama-server's sampling request fields (spec/server §4) and the one declaration per parameter behind them."""
+"""llama-server's sampling request fields (tools/server/server-schema.cpp) and the one declaration per parameter
+behind them."""
 
 import argparse
 import dataclasses

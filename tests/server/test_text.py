@@ -1,4 +1,5 @@
-"""Stop strings, UTF-8 pieces and the reasoning splitter (spec/server.md §5.5, §6.1, §8.1)."""
+"""Stop strings, UTF-8 pieces and the reasoning splitter (llama-server's process_token and
+find_stopping_strings, tools/server/server-context.cpp)."""
 
 import pytest
 

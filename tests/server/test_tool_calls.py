@@ -1,6 +1,6 @@
-"""Tool calls (spec/server.md §8.3): each format's detection, prompt, grammar and parser on real templates (llama.cpp's
-``models/templates``, cases from its ``tests/test-chat.cpp`` and minja's polyfill tests), and the OpenAI client's
-round trip against our server with SmolLM2 (generic format: its template renders no tools)."""
+"""Tool calls (llama.cpp's common/chat.cpp): each format's detection, prompt, grammar and parser on real templates
+(llama.cpp's ``models/templates``, cases from its ``tests/test-chat.cpp`` and minja's polyfill tests), and the OpenAI
+client's round trip against our server with SmolLM2 (generic format: its template renders no tools)."""
 
 import copy
 import json

@@ -1,7 +1,7 @@
-"""llama.cpp's n-gram drafters (spec/speculative §1.1-1.5, §2.6-2.9, §8): exact drafts on hand-made histories.
+"""llama.cpp's n-gram drafters (common/speculative.cpp, common/ngram-*.cpp): exact drafts on hand-made histories.
 
-The expected values were worked out by hand from the spec and cross-checked against a transcription of llama.cpp's
-C++ (``common/ngram-map.cpp``, ``ngram-mod``, ``ngram-cache.cpp``, built with libstdc++).
+The expected values were worked out by hand from llama.cpp's source and cross-checked against a transcription of
+its C++ (``common/ngram-map.cpp``, ``ngram-mod``, ``ngram-cache.cpp``, built with libstdc++).
 """
 
 import numpy as np
@@ -21,7 +21,7 @@ from samplechain.speculative.ngram import (
 )
 
 # ---------------------------------------------------------------------------------------------------------------
-# ngram-simple (§2.6)
+# ngram-simple
 
 
 def test_ngram_simple_drafts_after_most_recent_occurrence():
@@ -59,7 +59,7 @@ def test_ngram_simple_ignores_min_hits():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# ngram-map-k / ngram-map-k4v (§2.7)
+# ngram-map-k / ngram-map-k4v
 
 MAP_H = [0, 1, 2, 10, 11, 12, 13, 5, 6, 7, 8, 1]  # key [1, 2] at position 1
 
@@ -185,7 +185,7 @@ def test_k4v_drafts_after_the_found_occurrence_and_recounts_it():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# ngram-mod (§2.8)
+# ngram-mod
 
 MOD_PROMPT = [1, 2, 3, 4, 5, 6]  # 2-grams (1,2)->3 ... (4,5)->6
 
@@ -256,7 +256,7 @@ def test_ngram_mod_clears_after_5_low_acceptance_rounds():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# ngram-cache (§2.9)
+# ngram-cache
 
 
 def counts(entries):
@@ -406,7 +406,7 @@ def test_ngram_cache_duplicates_keep_the_first(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# make_drafters and draft_round (§1.1, §1.2, §1.4, §1.5)
+# make_drafters and draft_round
 
 
 def test_make_drafters_follows_llama_cpp_priority():

@@ -26,7 +26,7 @@ from samplechain.params import SamplingParams
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
-    """``samplechain serve``: llama-server's flags that matter (spec/server.md §9); the sampling flags become
+    """``samplechain serve``: llama-server's flags that matter (common/arg.cpp declares them); the sampling flags become
     every request's defaults."""
     sv = sub.add_parser("serve", help="HTTP server: llama-server's and OpenAI's API, continuously batched",
                         allow_abbrev=False)  # as llama-server: router mode passes the flags on by their names

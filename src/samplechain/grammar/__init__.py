@@ -1,4 +1,5 @@
-"""GBNF grammars, JSON Schema -> GBNF, and grammar-constrained sampling (spec/grammar)."""
+"""GBNF grammars, JSON Schema -> GBNF, and grammar-constrained sampling (llama.cpp's
+src/llama-grammar.cpp and common/json-schema-to-grammar.cpp)."""
 
 from samplechain.grammar.engine import Grammar, GrammarMatcher
 from samplechain.grammar.json_schema import json_schema_to_gbnf, server_response_schema

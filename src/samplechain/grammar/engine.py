@@ -1,8 +1,8 @@
 """The grammar engine: compiled rules, parse stacks and matching (token masks live in ``masks.py``).
 
-A parse state is a set of *stacks* (spec/grammar §3.1); a stack is a tuple of element positions (bottom ->
-top), each an index into one flat element array, so a stack is hashable and cheap. States are interned per
-grammar, and everything that depends only on a stack (expansion, the stacks after its top character set
+A parse state is a set of *stacks* (llama.cpp's ``llama_grammar_stacks``); a stack is a tuple of element
+positions (bottom -> top), each an index into one flat element array, so a stack is hashable and cheap. States are
+interned per grammar, and everything that depends only on a stack (expansion, the stacks after its top character set
 matched) or only on a state (each token's successor, the allowed-token mask) is computed once and cached.
 """
 
@@ -228,7 +228,8 @@ class Grammar:
     # --- stacks -------------------------------------------------------------------------------------------
 
     def advance(self, stack: Stack) -> tuple[Stack, ...]:
-        """Every terminal-topped (or empty) stack reachable from ``stack`` without input (spec §3.2)."""
+        """Every terminal-topped (or empty) stack reachable from ``stack`` without input (llama.cpp's
+        ``llama_grammar_advance_stack``)."""
         done = self._advance.get(stack)
         if done is None:
             done = self._advance[stack] = self._expand(stack)
@@ -309,7 +310,8 @@ class Grammar:
         return cur
 
     def transition(self, state: State, token: int, piece: bytes) -> State | None:
-        """The state after accepting a token (id + text), or None when the grammar refuses it (spec §3.4).
+        """The state after accepting a token (id + text), or None when the grammar refuses it (llama.cpp's
+        ``llama_grammar_accept_token``).
 
         A token whose text ends inside a UTF-8 sequence is refused unless some live character set can still
         be completed by it; the same rule decides the mask, so ``transition`` and masks always agree.

@@ -1,4 +1,5 @@
-"""Left recursion in a compiled grammar's rules is refused before any stack is expanded (spec/grammar §3.7):
+"""Left recursion in a compiled grammar's rules is refused before any stack is expanded (llama.cpp's
+``llama_grammar_detect_left_recursion``):
 a left cycle that grows the stack would expand forever."""
 
 from __future__ import annotations
@@ -7,10 +8,10 @@ from samplechain.grammar.parser import ALT, END, RULE_REF, Element, GrammarError
 
 
 def _check_left_recursion(parsed: ParsedGrammar) -> None:
-    """Refuse left recursion: llama.cpp's check (spec §3.7), plus any left cycle that grows the stack.
+    """Refuse left recursion: llama.cpp's check, plus any left cycle that grows the stack.
 
     llama.cpp only treats rules with an empty alternative of their own as nullable, so recursion through an
-    indirectly nullable rule escapes it and then expands forever (Q15). With the full nullable fixpoint, a
+    indirectly nullable rule escapes it and then expands forever. With the full nullable fixpoint, a
     left cycle is harmless only when every step is a tail call (the stack returns to an identical state,
     e.g. ``( [x]* )*``); a cycle that leaves a continuation behind grows without end and is refused.
     """

@@ -1,11 +1,12 @@
-"""GBNF text -> llama.cpp's flat rule tables (spec/grammar §1-2), with every hazard turned into a GrammarError."""
+"""GBNF text -> llama.cpp's flat rule tables (``llama_grammar_parser``, src/llama-grammar.cpp), with every hazard
+turned into a GrammarError."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-# element types, with llama.cpp's numeric codes (spec §2.1)
+# element types, with llama.cpp's numeric codes (enum llama_gretype, src/llama-grammar.h)
 END, ALT, RULE_REF, CHAR, CHAR_NOT, CHAR_RNG_UPPER, CHAR_ALT, CHAR_ANY, TOKEN, TOKEN_NOT = range(10)
 TYPE_NAMES = ("END", "ALT", "RULE_REF", "CHAR", "CHAR_NOT", "CHAR_RNG_UPPER", "CHAR_ALT", "CHAR_ANY", "TOKEN",
               "TOKEN_NOT")
@@ -178,7 +179,7 @@ class _Parser:
 
     def sequence(self, pos: int, name: str, out: list[Element], nested: bool) -> int:
         last_start = len(out)  # where the last item's elements begin
-        weight = 1  # symbols the last item stands for (spec §1.7 nesting guard)
+        weight = 1  # symbols the last item stands for (llama.cpp's guard on nested repetitions)
         while pos < self.n:
             c = self.src[pos]
             if c == '"':
@@ -312,7 +313,8 @@ class _Parser:
 
     def repeat(self, pos: int, name: str, out: list[Element], last_start: int, weight: int, lo: int, hi: int,
                what: str) -> int:
-        """Lower ``S{lo,hi}`` (hi -1: unbounded) for the item ``out[last_start:]`` (spec §2.3)."""
+        """Lower ``S{lo,hi}`` (hi -1: unbounded) for the item ``out[last_start:]``, as llama.cpp's
+        ``handle_repetitions`` does."""
         if last_start == len(out):
             raise self.error(f"expecting preceding item to {what}", pos)
         times = hi if hi > 0 else (lo if lo > 0 else 1)

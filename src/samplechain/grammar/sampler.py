@@ -185,7 +185,8 @@ class GrammarSampler(Sampler):
         return nxt
 
     def _await(self, token: int) -> None:
-        """Lazy grammar, not triggered yet: watch for a trigger token or a trigger pattern (spec §4.2).
+        """Lazy grammar, not triggered yet: watch for a trigger token or a trigger pattern (llama.cpp's
+        ``llama_grammar_accept_impl`` while ``awaiting_trigger``).
 
         The buffer holds the tokens' rendered text (control tokens included: patterns may look for them); the
         grammar is fed only what it sees of each token (nothing of a control token: see ``TokenTable``).

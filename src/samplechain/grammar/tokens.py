@@ -15,9 +15,10 @@ class TokenTable:
 
     ``pieces`` is each token's text as the grammar sees it. Control tokens (special, not end-of-generation) have
     none: only token items (``<[id]>``, ``<|name|>``, ``!<[id]>``) match them, never literals or character
-    classes. (llama.cpp matches their rendered text, so ``<|im_start|>`` fits inside a JSON string;
-    spec/runtime-notes "Grammar engines".) End-of-generation tokens keep their text but are never matched by
-    text or by a token item: the sampler allows them exactly where the grammar can end (spec/grammar §3.5, §3.8).
+    classes. (llama.cpp matches their rendered text, so ``<|im_start|>`` fits inside a JSON string: a bug we do not
+    copy.) End-of-generation tokens keep their text but are never matched by text or by a token item: the sampler
+    allows them exactly where the grammar can end (an empty stack), as llama.cpp's ``llama_grammar_apply_impl``
+    and ``llama_grammar_accept_impl`` do (src/llama-grammar.cpp).
 
     Usable tokens with at least one code point are also kept ordered by their first code point, so the first
     column of a mask is decided once per distinct first character instead of once per token.

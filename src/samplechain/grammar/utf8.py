@@ -1,4 +1,5 @@
-"""llama.cpp's UTF-8 decoding with a partial sequence carried across tokens (spec/grammar §3.6)."""
+"""llama.cpp's UTF-8 decoding with a partial sequence carried across tokens (``decode_utf8`` in
+src/llama-grammar.cpp)."""
 
 from __future__ import annotations
 

@@ -103,7 +103,7 @@ def parse_tag(name: str, value: object) -> str | tuple[int, ...]:
     raise ValueError(f"{name} must be a text or a list of token ids, got {value!r}")
 
 
-# grammar trigger types (llama.cpp's common_grammar_trigger_type, spec/grammar §4.3)
+# grammar trigger types (llama.cpp's common_grammar_trigger_type, common/common.h)
 TRIGGER_TOKEN, TRIGGER_WORD, TRIGGER_PATTERN, TRIGGER_PATTERN_FULL = range(4)
 
 

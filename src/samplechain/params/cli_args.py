@@ -1,5 +1,5 @@
 """The ``SamplingParams`` fields that several command-line flags make, or that the CLI reads by rules of its own
-(the declarations' ``from_args``; spec/samplers §6.2)."""
+(the declarations' ``from_args``; llama.cpp's flags are in common/arg.cpp)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """``CommonSampler`` (llama.cpp's ``common/sampling.cpp``): the chain built from ``SamplingParams``, the history,
 the grammar, the reasoning budget and the probabilities.
 
-The chain ``CommonSampler`` builds (spec/samplers §5.2):
+The chain ``CommonSampler`` builds (as ``common_sampler_init`` does):
 
 1. ``logit-bias`` first, when any bias is set (user biases, then ``-inf`` for every EOG token with
    ``ignore_eos``);
@@ -11,7 +11,7 @@ The chain ``CommonSampler`` builds (spec/samplers §5.2):
 3. with ``mirostat == 1`` or ``2``: ``temp`` then ``mirostat`` / ``mirostat-v2``; every other sampler is dropped;
 4. samplers whose parameters make them no-ops are left out (``describe()`` shows what runs).
 
-Outside the chain, as in llama.cpp (spec/samplers §5.5, §5.10): the reasoning budget (created when start and
+Outside the chain, as in llama.cpp's ``common_sampler_sample``: the reasoning budget (created when start and
 end tags are set and ``reasoning_budget_tokens >= 0``, ``reasoning_control`` or ``grammar_lazy``) is applied
 first, then the grammar (``grammar_first``) or the chain with the grammar checked by rejection. Both only see
 generated tokens; a lazy grammar waits while a thinking block is open. :meth:`CommonSampler.stages` is that
@@ -88,7 +88,7 @@ class CommonSampler:
     and probabilities.
 
     ``grammar`` is any sampler that masks (sets to -inf) the tokens it refuses and follows accepted tokens;
-    it is kept outside the chain and applied first (``grammar_first``) or by rejection (spec §5.5).
+    it is kept outside the chain and applied first (``grammar_first``) or by rejection.
     ``reasoning_budget`` replaces the one built from the parameters; it is applied before everything else.
     """
 
@@ -172,7 +172,7 @@ class CommonSampler:
         return tag
 
     def _prefill_tokens(self) -> tuple[int, ...]:
-        """``generation_prompt`` as tokens, without a leading whitespace token the tokenizer added (§5.2)."""
+        """``generation_prompt`` as tokens, without a leading whitespace token the tokenizer added."""
         text = self.params.generation_prompt
         if not text:
             return ()
@@ -186,7 +186,7 @@ class CommonSampler:
         return tuple(tokens)
 
     def _build_reasoning_budget(self) -> ReasoningBudget | None:
-        """llama.cpp's rule (spec §5.2 step 6): start and end tags set, and a limit, control or a lazy grammar;
+        """llama.cpp's rule (``common_sampler_init``): start and end tags set, and a limit, control or a lazy grammar;
         forced = message + first end tag; starts IDLE and sees the ``generation_prompt`` tokens."""
         p = self.params
         start = self._tag_tokens("reasoning_budget_start_tag", p.reasoning_budget_start_tag)
@@ -266,7 +266,8 @@ class CommonSampler:
     # --- sampling ----------------------------------------------------------------------------------------
 
     def grammar_applies(self) -> bool:
-        """A grammar exists, and it is not a lazy one inside an open thinking block (spec §5.5): the next step's
+        """A grammar exists, and it is not a lazy one inside an open thinking block (llama.cpp's
+        ``grammar_should_apply``): the next step's
         token is checked against it (or masked by it first), and the grammar sees the token."""
         if self.grammar is None:
             return False
@@ -287,7 +288,7 @@ class CommonSampler:
         return bool(np.isfinite(single.logits[0]))
 
     def stages(self, with_grammar: bool) -> list[Sampler]:
-        """The samplers one pass of a step applies, in order (spec §5.5): the reasoning budget, the grammar
+        """The samplers one pass of a step applies, in order: the reasoning budget, the grammar
         (``with_grammar``, when there is one), then the chain's members; the last one selects the token."""
         return [*self._before_chain(with_grammar), *self.chain.samplers]
 
@@ -299,7 +300,7 @@ class CommonSampler:
 
     def _select(self, logits: object, with_grammar: bool, observe: Observer | None) -> tuple[Candidates, int]:
         """One pass of :meth:`stages` over fresh candidates. Unobserved, the chain runs as one ``Chain.apply``
-        (its fused steps are bitwise its members applied one by one, spec/samplers §2.4)."""
+        (its fused steps are bitwise its members applied one by one: tests/test_fused_chain.py)."""
         c = Candidates.from_logits(logits)
         if observe is None:
             for s in self._before_chain(with_grammar):
@@ -317,11 +318,12 @@ class CommonSampler:
     def sample(self, logits: object, grammar_first: bool = False, observe: Observer | None = None) -> int:
         """Sample one token from ``logits`` and accept it (as generated); returns the token id.
 
-        Order (spec §5.5): :meth:`stages`, with the grammar among them (``grammar_first``) or checking the selected
-        token afterwards; a token the grammar refuses is sampled again from fresh logits with the grammar applied
-        (rejection). ``observe(name, sampler, candidates)``, when given, sees each pass's fresh candidates
-        (``"logits"``, None) and the candidates after every stage (its display name and sampler); a second
-        ``"logits"`` means the grammar refused the first pass's token. It reads the candidates, never writes them.
+        Order (llama.cpp's ``common_sampler_sample``): :meth:`stages`, with the grammar among them
+        (``grammar_first``) or checking the selected token afterwards; a token the grammar refuses is sampled again
+        from fresh logits with the grammar applied (rejection). ``observe(name, sampler, candidates)``, when given,
+        sees each pass's fresh candidates (``"logits"``, None) and the candidates after every stage (its display name
+        and sampler); a second ``"logits"`` means the grammar refused the first pass's token. It reads the
+        candidates, never writes them.
         """
         t0 = time.perf_counter()
         has_grammar = self.grammar_applies()
@@ -335,7 +337,7 @@ class CommonSampler:
 
     def accept(self, token: int, is_generated: bool = False) -> None:
         """Record ``token`` in the history and the chain; the reasoning budget and the grammar see only
-        generated tokens (spec §5.6)."""
+        generated tokens (llama.cpp's ``common_sampler_accept``)."""
         t0 = time.perf_counter()
         token = check_int("token", token, minimum=0)
         if self.n_vocab is not None and token >= self.n_vocab:
@@ -377,7 +379,8 @@ class CommonSampler:
 
     def reset(self) -> None:
         """Clear the history and reset the chain, the grammar and the reasoning budget (the budget as built:
-        it sees ``generation_prompt`` again). llama.cpp resets only the history and the chain (P14)."""
+        it sees ``generation_prompt`` again). llama.cpp's ``common_sampler_reset`` resets only the history and
+        the chain."""
         self.prev.clear()
         self.chain.reset()
         if self.grammar is not None:

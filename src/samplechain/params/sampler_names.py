@@ -1,11 +1,11 @@
 """The names of the ``samplers`` list: llama.cpp's canonical names, their aliases and one-letter codes
-(spec/samplers §5.3)."""
+(llama.cpp's common/sampling.cpp: ``common_sampler_types_from_names``, ``common_sampler_type_to_chr``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-# canonical name -> (one-letter code, extra accepted names); spec/samplers §5.3
+# canonical name -> (one-letter code, extra accepted names)
 SAMPLER_TYPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "penalties": ("e", ()),
     "dry": ("d", ()),

@@ -70,8 +70,8 @@ class SamplingParams:
     """Every llama.cpp sampling parameter with its default; field names are llama-server's request fields.
 
     Each field is declared once, with :func:`~samplechain.param_specs.param`: default, validation, llama-server's
-    names and rule (spec/server §4), command-line flags (spec/samplers §6.2). Validation, ``from_dict``, the CLI
-    flags and the server's request parsing are all generated from these declarations.
+    names and rule (tools/server/server-schema.cpp), command-line flags (common/arg.cpp). Validation,
+    ``from_dict``, the CLI flags and the server's request parsing are all generated from these declarations.
     """
 
     seed: int = param(DEFAULT_SEED, check=lambda n, v: check_seed(v), json=plain(int),
@@ -207,7 +207,7 @@ class SamplingParams:
     # the assistant prefix the chat template already put in the prompt; fed to the reasoning budget, so a prompt
     # ending in a start tag opens the thinking block (llama.cpp also feeds it to output-format grammars)
     generation_prompt: str = param("", check=text, json=plain(str))
-    # reasoning budget (spec/samplers §3.19, §5.10); tags are texts (tokenized with special tokens) or token ids
+    # reasoning budget (common/reasoning-budget.cpp); tags are texts (tokenized with special tokens) or token ids
     reasoning_budget_tokens: int = param(  # tokens allowed inside a thinking block; -1 = no limit
         -1, check=check_budget, json=hard(-1, INT32_MAX), aliases=["thinking_budget_tokens"],
         cli=[flag("--reasoning-budget", type=cli_budget,

@@ -1,4 +1,5 @@
-"""llama-server's rules of their own for some request fields (``custom`` JSON rules, spec/server §4):
+"""llama-server's rules of their own for some request fields (``custom`` JSON rules; llama-server's are in
+tools/server/server-schema.cpp, ``make_llama_cmpl_schema``):
 ``read(value, server_default)`` -> the value, or ``ValueError`` with llama-server's detail."""
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from samplechain.runtime.speculation import Speculation
     from samplechain.vocab import Vocab
 
-LOGPROB_MIN = -3.4028234663852886e38  # log(0) is reported as the most negative float (spec/server.md §2.3)
+LOGPROB_MIN = -3.4028234663852886e38  # log(0): the most negative float (completion_token_output::logarithm)
 
 
 @dataclass
@@ -342,7 +342,7 @@ class Decoder:
     # --- probabilities ----------------------------------------------------------------------------------
 
     def _probs_entry(self, token: int, row: np.ndarray) -> dict[str, Any]:
-        """One ``completion_probabilities`` entry (spec/server.md §5.5)."""
+        """One ``completion_probabilities`` entry (llama-server's ``completion_token_output::to_json``)."""
         n = self.sampler.params.n_probs
         if self.sampler.params.post_sampling_probs:
             top = self.sampler.top_probs(n)

@@ -1,5 +1,5 @@
 """A decoding task's events, in the order it sends them: ``Begin``, ``Progress`` (prompt reading, when asked),
-``Token`` per sampled token, then ``Final`` or ``Error`` (spec/server.md §5-6); an embedding task sends ``Begin``, then
+``Token`` per sampled token, then ``Final`` or ``Error``; an embedding task sends ``Begin``, then
 ``Embeddings`` or ``Error``.
 
 They cross from the thread that runs the model to whoever reads them (the server's handlers format them as

@@ -32,10 +32,10 @@ GUESS = 0.4
 @runtime_checkable
 class Drafter(Protocol):
     """One sequence's draft strategy (llama.cpp's ``common_speculative`` implementations), driven by the
-    verification loop (spec/speculative §1.4)."""
+    verification loop (llama.cpp's ``common_speculative_begin`` / ``_draft`` / ``_accept``, common/speculative.cpp)."""
 
     name: str  # llama.cpp's type name, e.g. "ngram-simple"
-    n_max: int  # the longest draft it can return (spec §1.5)
+    n_max: int  # the longest draft it can return
 
     def begin(self, prompt: Sequence[int]) -> None:
         """After prompt processing: index the prompt."""
@@ -246,7 +246,7 @@ class Speculation:
         return "\n".join(lines)
 
 
-# --- distribution-preserving verification (spec/speculative.md §3.3, its index-alignment bug fixed) -------------
+# --- distribution-preserving verification (examples/speculative/speculative.cpp's, residual per token id) -------
 
 def target_distribution(sampler: CommonSampler, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(ids, probs)``: what ``sampler`` would draw its next token from. Its stages (the reasoning budget, the

@@ -1,4 +1,5 @@
-"""Adaptive-p: a selector that reshapes probabilities around an adapting target (spec §3.17)."""
+"""Adaptive-p: a selector that reshapes probabilities around an adapting target (llama.cpp's
+llama_sampler_adaptive_p_apply, src/llama-sampler.cpp)."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ class DeviceShape:
 class Sampler:
     """Base class. A stateless sampler writes only :meth:`apply`.
 
-    ``disabled`` samplers (llama.cpp's ``?name`` placeholders, spec/samplers §2.2) do nothing; chains built
+    ``disabled`` samplers (llama.cpp's ``?name`` placeholders, llama_sampler_init_empty) do nothing; chains built
     from :class:`~samplechain.SamplingParams` leave them out.
     """
 

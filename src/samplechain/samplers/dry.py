@@ -1,4 +1,5 @@
-"""DRY ("don't repeat yourself"): penalises tokens that would extend a repeated sequence (spec §3.14)."""
+"""DRY ("don't repeat yourself"): penalises tokens that would extend a repeated sequence (llama.cpp's
+llama_sampler_dry_apply, src/llama-sampler.cpp)."""
 
 from __future__ import annotations
 

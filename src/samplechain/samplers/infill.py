@@ -1,4 +1,5 @@
-"""Infill: for fill-in-the-middle, prefers end-of-generation or merges tokens sharing a prefix (spec §3.16)."""
+"""Infill: for fill-in-the-middle, prefers end-of-generation or merges tokens sharing a prefix (llama.cpp's
+llama_sampler_infill_apply, src/llama-sampler.cpp)."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ class Infill(Sampler):
             eot = self.vocab.eot if self.vocab.eot is not None else self.vocab.eos
             if eot is None:
                 raise ValueError("infill: the vocabulary has neither an EOT nor an EOS token")
-            p0 = probs[keep[0]] if len(keep) else probs[0]  # llama.cpp leaves this entry's old p (P27)
+            p0 = probs[keep[0]] if len(keep) else probs[0]  # llama.cpp leaves this entry's old p
             c.replace(np.array([eot], dtype=np.int32), np.array([1.0], dtype=F32),
                       np.array([p0], dtype=F32), sorted=True)
             return

@@ -1,4 +1,5 @@
-"""Logit bias: fixed additive biases per token id; ``-inf`` bans a token (spec §3.15)."""
+"""Logit bias: fixed additive biases per token id; ``-inf`` bans a token (llama.cpp's llama_sampler_logit_bias_apply,
+src/llama-sampler.cpp)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ from samplechain.samplers.penalties import device_scatter_add, device_table, pos
 def normalize_biases(
     biases: Mapping[int, float] | Iterable[tuple[int, float]], n_vocab: int | None
 ) -> dict[int, float]:
-    """Validated ``{token: bias}``; duplicate tokens are summed (llama.cpp sums them only on one path, P3)."""
+    """Validated ``{token: bias}``; duplicate tokens are summed (llama.cpp sums them only on one path).
+
+    llama.cpp's CPU sampler adds every entry when it can index by id, but on its search path only the first
+    entry of a token counts."""
     items = biases.items() if isinstance(biases, Mapping) else biases
     out: dict[int, float] = {}
     for item in items:
@@ -59,7 +63,7 @@ class LogitBias(Sampler):
             x = c.logits.copy()
             x[pos] += self._values[which]
             c.set_logits(x)
-            # llama.cpp keeps the sorted flag although the order may have changed (spec P2).
+            # llama.cpp keeps the sorted flag although the order may have changed.
             c.sorted = False
 
     def device_plan(self, shape: DeviceShape) -> DeviceShape | None:

@@ -1,4 +1,5 @@
-"""Mirostat 1 and 2: selectors that steer the surprise of each token towards ``tau`` (spec §3.11-3.12)."""
+"""Mirostat 1 and 2: selectors that steer the surprise of each token towards ``tau`` (llama.cpp's
+llama_sampler_mirostat_apply and llama_sampler_mirostat_v2_apply, src/llama-sampler.cpp)."""
 
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ class Mirostat(_MirostatBase):
             den = F32(F32(1.0) - powf(float(self.n_vocab), float(-eps)))
             k = powf(float(F32(num / den)), float(F32(F32(1.0) / s_hat)))
         # The C++ float -> int conversion of a NaN/inf k is undefined (x86: INT_MIN -> clamped to 1); we map
-        # non-finite k to 1 and clamp finite k to [1, n] (spec P8).
+        # non-finite k to 1 and clamp finite k to [1, n].
         if not math.isfinite(float(k)):
             return 1
         return max(1, min(int(k), _INT32_MAX))

@@ -1,4 +1,5 @@
-"""Repetition, frequency and presence penalties over the last ``last_n`` accepted tokens (spec §3.13)."""
+"""Repetition, frequency and presence penalties over the last ``last_n`` accepted tokens (llama.cpp's
+llama_sampler_penalties_apply, src/llama-sampler.cpp)."""
 
 from __future__ import annotations
 

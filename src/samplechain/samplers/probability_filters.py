@@ -89,7 +89,7 @@ class TopP(_ProbabilityFilter):
         if self.disabled or n == 0:
             return
         if c.sorted or n <= _SMALL or not self._apply_large(c):
-            probs = softmax(c, do_sort=False)  # summed in the incoming order, then sorted (spec §3.4)
+            probs = softmax(c, do_sort=False)  # summed in the incoming order, then sorted (as llama.cpp)
             if not c.sorted:
                 c.sort()
                 probs = c.probs
@@ -166,7 +166,7 @@ class TopP(_ProbabilityFilter):
         min_keep = rows.param(members, "min_keep", torch.int64)
         n = rows.count()
         m = rows.row_max()
-        e = rows.exp_rel(m).to(F64)  # summed in the incoming order (spec §3.4), then sorted
+        e = rows.exp_rel(m).to(F64)  # summed in the incoming order (as llama.cpp), then sorted
         total = e.sum(1, keepdim=True)
         # |binary32 left-to-right sum - exact sum| <= sum_j min(e_j, half an ulp of the running sum)
         slack = (torch.minimum(e, total * (ULP32 * 1.001)).sum(1, keepdim=True) + 4 * ULP32 * total) / total
@@ -326,8 +326,8 @@ class Typical(_ProbabilityFilter):
             return
         probs = softmax(c, do_sort=True)
         logp = logf_array(probs)
-        # Zero probabilities (-inf logits) are skipped in the entropy; llama.cpp lets 0*log(0) = NaN
-        # poison it (spec P5).
+        # Zero probabilities (-inf logits) are skipped in the entropy; llama.cpp (llama_sampler_typical_apply)
+        # lets 0*log(0) = NaN poison it.
         with np.errstate(invalid="ignore"):
             terms = np.where(probs > 0, -(probs * logp), F32(0.0))
             entropy = seq_sum_f32(terms.astype(F32))

@@ -1,4 +1,4 @@
-"""Reasoning budget: caps the tokens of a thinking block, then forces its end (spec/samplers §3.19).
+"""Reasoning budget: caps the tokens of a thinking block, then forces its end.
 
 llama.cpp's ``common_reasoning_budget`` (common/reasoning-budget.cpp). A start sequence (``<think>``) opens a
 block; after ``budget`` generated tokens inside it the sampler forces ``forced`` (a message and the end tag),
@@ -239,7 +239,7 @@ class ReasoningBudget(Sampler):
         """The end sequence that closed the last block (None if none did; cleared when a block re-opens)."""
         return None if self._end_match < 0 else self._end.seqs[self._end_match]
 
-    # --- the state machine (spec §3.19) --------------------------------------------------------------------
+    # --- the state machine (common_reasoning_budget_accept) -------------------------------------------------
 
     def _open_block(self) -> None:
         self.state = ReasoningBudgetState.COUNTING

@@ -1,4 +1,5 @@
-"""Selecting samplers without their own distribution logic: greedy and dist (spec/samplers §3.1-3.2)."""
+"""Selecting samplers without their own distribution logic: greedy and dist (llama.cpp's
+llama_sampler_greedy_apply and llama_sampler_dist_apply, src/llama-sampler.cpp)."""
 
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ class Dist(SeededSampler):
             c.selected = -1
             return
         if n == 1:
-            self.rng.uniform_double()  # keeps the stream aligned with the device path (spec §3.2)
+            self.rng.uniform_double()  # keeps the stream aligned with the device path, as llama.cpp does
             c.set_probs(np.ones(1, dtype=F32))
             c.selected = 0
             return
@@ -102,7 +103,7 @@ class Dist(SeededSampler):
         total = float(run[n - 1])
         target = total * self.rng.uniform_double()
         # First running sum >= target. A draw of exactly 0 would pick index 0 even with p = 0 in llama.cpp
-        # (spec P7); searching strictly above 0 skips zero-probability entries instead.
+        # (its test is sum_run >= sum_tgt); searching strictly above 0 skips zero-probability entries instead.
         if type(run) is list:
             i = (bisect_left if target > 0.0 else bisect_right)(run, target, 0, n)
         else:

@@ -1,4 +1,5 @@
-"""Temperature and dynamic temperature (spec/samplers §1.5, §3.7, §3.8)."""
+"""Temperature and dynamic temperature (llama.cpp's llama_sampler_temp_impl, llama_sampler_temp_apply and
+llama_sampler_temp_ext_apply, src/llama-sampler.cpp)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Samplers that remove or mask candidates: top-k, top-n-sigma and XTC here; top-p, min-p and typical (the
-probability filters) in ``probability_filters.py``, importable from here too (spec §3.3-3.10)."""
+probability filters) in ``probability_filters.py``, importable from here too (llama.cpp: each
+sampler's ``llama_sampler_<name>_apply`` in src/llama-sampler.cpp)."""
 
 from __future__ import annotations
 

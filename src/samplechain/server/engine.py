@@ -1,4 +1,5 @@
-"""The server's engine: slots over one KV cache, continuously batched on one thread (spec/server.md §6-7).
+"""The server's engine: slots over one KV cache, continuously batched on one thread (llama-server's
+``update_slots``, tools/server/server-context.cpp).
 
 Each slot runs one task (one completion choice) at a time in its own sequence of the cache: a ``Sequence`` and,
 while the task runs, a ``Decoder`` (runtime/decoding.py) that owns everything about the generation itself. The
@@ -231,7 +232,7 @@ class Engine:
 
     def _schedule(self) -> None:
         """Cancelled tasks leave; slot actions waiting for their slot run; deferred tasks take idle slots, in order
-        (spec/server.md §7.1)."""
+        (llama-server's ``get_available_slot``)."""
         for s in self.slots:
             if s.busy and s.task.cancelled.is_set():
                 self._release(s)
@@ -310,7 +311,7 @@ class Engine:
         return frozenset(t[0] for t in ids if len(t) == 1)
 
     def _progress(self, s: Slot) -> None:
-        """``prompt_progress`` (spec/server.md §5.6): once before the prompt, then after each prompt batch."""
+        """``prompt_progress`` (as llama-server sends it): once before the prompt, then after each prompt batch."""
         if s.task.return_progress:
             t = s.decoder.timings
             s.task.emit(Progress(s.id, len(s.task.tokens), len(s.task.tokens), t.n_reused, s.seq.n_past,

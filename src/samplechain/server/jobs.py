@@ -36,7 +36,8 @@ def choice_params(params: SamplingParams, i: int) -> SamplingParams:
 
 def jobs(state: ServerState, params: SamplingParams, opts: Options, prompts: list[list[int]]) -> list[Job]:
     """Each prompt times each of the ``n`` choices, with its sampler: the grammar is compiled once, within its
-    budget. Out-of-vocabulary logit-bias ids are a 400 (llama-server skips them silently: spec/samplers P28)."""
+    budget. Out-of-vocabulary logit-bias ids are a 400 (llama-server skips them silently: its ``logit_bias`` field,
+    tools/server/server-schema.cpp)."""
     todo = [(p, choice_params(params, i)) for p in prompts for i in range(opts.n_cmpl)]
     built = rq.samplers([q for _, q in todo], state.model)
     return [Job(p, q, sampler) for (p, q), sampler in zip(todo, built, strict=True)]

@@ -1,4 +1,5 @@
-"""``/metrics``: the engine's counters and their Prometheus text (llama-server's names, spec/server.md §3.13)."""
+"""``/metrics``: the engine's counters and their Prometheus text (llama-server's names, from
+``server_task_result_metrics::to_metrics`` in tools/server/server-task.cpp)."""
 
 from __future__ import annotations
 

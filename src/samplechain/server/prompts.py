@@ -1,5 +1,6 @@
 """A request's prompts and chat messages: read, checked against the context size before anything is
-tokenized, and tokenized or rendered (spec/server.md); apart from the other fields, in ``request.py``."""
+tokenized, and tokenized or rendered (llama-server's ``tokenize_input_prompts`` and ``oaicompat_chat_params_parse``,
+tools/server/server-common.cpp); apart from the other fields, in ``request.py``."""
 
 from __future__ import annotations
 

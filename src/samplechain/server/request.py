@@ -1,5 +1,6 @@
 """Request bodies -> engine tasks: the body read as JSON, the completion fields that are not sampling parameters,
-the samplers (spec/server.md §3.4-3.6, §4, §8). Sampling fields are parsed by ``sampling_fields`` from their
+the samplers (llama-server's: tools/server/server-schema.cpp for the fields, ``oaicompat_chat_params_parse`` in
+tools/server/server-common.cpp for OpenAI's bodies). Sampling fields are parsed by ``sampling_fields`` from their
 declarations; the limits and errors are in ``limits.py``, prompts and chat messages in ``prompts.py`` (both
 importable from here)."""
 
@@ -197,7 +198,8 @@ def _bool(body: Mapping[str, Any], name: str, default: bool) -> bool:
 
 
 def parse_options(body: Mapping[str, Any], defaults: Defaults, n_slots: int) -> Options:
-    """The non-sampling fields of spec/server.md §4 (absent or null = the server default)."""
+    """The non-sampling fields of a completion request (llama-server's ``make_llama_cmpl_schema``; absent or
+    null = the server default)."""
     stop = defaults.stop
     if body.get("stop") is not None:
         raw = body["stop"]
@@ -294,7 +296,7 @@ def samplers(params: Sequence[SamplingParams], model: Model) -> list[CommonSampl
 
 
 def response_format(body: Mapping[str, Any]) -> dict[str, Any]:
-    """``response_format`` as sampling fields (spec/server.md §3.6, §8.2)."""
+    """``response_format`` as sampling fields (as llama-server's ``oaicompat_chat_params_parse`` reads it)."""
     fmt = body.get("response_format")
     if fmt is None:
         return {}
@@ -348,5 +350,5 @@ def valid_filename(name: str) -> bool:
 
 
 def finite(x: float) -> float | None:
-    """JSON has no inf/nan: they serialise as null (spec/server.md §2.3)."""
+    """JSON has no inf/nan: they serialise as null (as llama-server's JSON library writes them)."""
     return x if math.isfinite(x) else None

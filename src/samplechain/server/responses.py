@@ -1,4 +1,5 @@
-"""Response JSON: llama-server's native shapes and OpenAI's (spec/server.md §3.4-3.6, §5)."""
+"""Response JSON: llama-server's native shapes and OpenAI's (the ``to_json*`` methods of the
+results in tools/server/server-task.cpp)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ BUILD_INFO = "b1-samplechain"
 
 def json_bytes(obj: Any) -> bytes:
     """Compact JSON. JSON has no inf or NaN: the builders turn them into null, and any left (a penalty of -1e308
-    makes logits infinite) become null here too (spec/server.md §2.3)."""
+    makes logits infinite) become null here too, as llama-server's JSON library writes them."""
     try:
         return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
     except ValueError:
@@ -147,7 +148,7 @@ def native_event(ev: Token, params: SamplingParams, opts: Options, index: int = 
 
 
 def prompt_progress(ev: Progress) -> dict[str, Any]:
-    """``prompt_progress`` (spec/server.md §5.6)."""
+    """``prompt_progress`` (llama-server's ``result_prompt_progress::to_json``)."""
     return {"total": ev.total, "cache": ev.cache, "processed": ev.processed, "time_ms": ev.time_ms}
 
 

@@ -1,6 +1,6 @@
 """llama-server's native API: ``/completion``, ``/tokenize``, ``/detokenize``, ``/apply-template``, and the
 server's own state: ``/health``, ``/props``, ``/slots`` (and a slot's cells saved to, restored from and erased into
-``--slot-save-path``), ``/metrics``, and the web UI's public files (spec/server.md §3)."""
+``--slot-save-path``), ``/metrics``, and the web UI's public files (llama-server's routes: tools/server/server.cpp)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""OpenAI's API: ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` (spec/server.md §3.5-3.7)."""
+"""OpenAI's API: ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` (llama-server's
+``server_routes`` handlers, tools/server/server-context.cpp)."""
 
 from __future__ import annotations
 

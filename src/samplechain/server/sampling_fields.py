@@ -1,4 +1,5 @@
-"""llama-server's sampling request fields (spec/server §4): a request body read over the server's defaults.
+"""llama-server's sampling request fields (``make_llama_cmpl_schema`` in
+tools/server/server-schema.cpp): a request body read over the server's defaults.
 
 The rules are the declarations on ``SamplingParams`` (``samplechain.param_specs``); this module walks them:
 a field's names are tried in order and the first one present and not ``null`` wins; soft limits clamp silently;

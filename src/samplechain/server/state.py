@@ -21,7 +21,7 @@ from samplechain.server.sleep import Sleeper
 
 @dataclass
 class ServerConfig:
-    """``samplechain serve``'s settings (llama-server's flags, spec/server.md §9)."""
+    """``samplechain serve``'s settings (llama-server's flags, declared in common/arg.cpp)."""
 
     model: str | None = None
     host: str = "127.0.0.1"

@@ -1,4 +1,4 @@
-"""The sampler-chain visualizer: ``POST /sampling/trace`` and the page at ``/`` (issue 16).
+"""The sampler-chain visualizer: ``POST /sampling/trace`` and the page at ``/``.
 
 ``/sampling/trace`` takes a completion request's prompt (or chat ``messages``) and sampling fields, plus ``n_top``
 (candidates kept per stage), ``steps`` (tokens traced, each appended before the next), ``generated`` (tokens already

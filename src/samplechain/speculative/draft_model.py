@@ -1,4 +1,5 @@
-"""draft-simple: a second, smaller or faster model drafts for the target (spec/speculative.md §2.1, §2.2).
+"""draft-simple: a second, smaller or faster model drafts for the target (llama.cpp's
+``common_speculative_impl_draft_simple``, common/speculative.cpp).
 
 Its KV cache follows the target's history: before each draft the common prefix is kept and the rest re-decoded,
 which also removes the draft's own rejected tokens. Drafting as llama.cpp does it: greedy top-1 among the top 10
@@ -22,7 +23,8 @@ TOP_K = 10
 
 
 def check_compatible(target: Vocab, draft: Vocab) -> None:
-    """llama.cpp's vocabulary checks for a draft model (§2.2); ValueError naming the first difference."""
+    """llama.cpp's vocabulary checks for a draft model (``common_speculative_are_compatible``); ValueError naming
+    the first difference."""
     t_kind = getattr(target.tokenizer, "model", None)
     d_kind = getattr(draft.tokenizer, "model", None)
     if t_kind != d_kind:

@@ -1,4 +1,5 @@
-"""JSON Schema -> GBNF with llama.cpp's output shape (spec/grammar §5), its bugs Q9/Q10 fixed.
+"""JSON Schema -> GBNF with the output shape of llama.cpp's common/json-schema-to-grammar.cpp, two of its bugs
+fixed (an ``allOf`` of string constraints became an empty object; integer minimums lost inner zeros).
 
 The output lists rules sorted by name, one ``name ::= body`` per line, exactly as llama.cpp prints them, so
 grammars from both are interchangeable. Structural schema errors and invalid regular expressions raise

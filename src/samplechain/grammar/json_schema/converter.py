@@ -1,5 +1,6 @@
-"""The schema walker (spec/grammar §5.2): types, enum/const, objects, arrays, strings and formats, allOf/anyOf
-and same-document ``$ref``s, with the entry points ``json_schema_to_gbnf`` and ``server_response_schema``."""
+"""The schema walker (the converter's ``visit`` in llama.cpp's common/json-schema-to-grammar.cpp): types,
+enum/const, objects, arrays, strings and formats, allOf/anyOf and same-document ``$ref``s, with the entry points
+``json_schema_to_gbnf`` and ``server_response_schema``."""
 
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ class _Converter:
             self.refs_resolving.discard(ref)
         return name
 
-    # --- schema nodes (spec §5.2) ----------------------------------------------------------------------------
+    # --- schema nodes ----------------------------------------------------------------------------------------
 
     def visit(self, schema: Any, name: str) -> str:
         if not isinstance(schema, dict):
@@ -277,7 +278,8 @@ class _Converter:
         return rule + ' space "}"'
 
     def not_strings(self, strings: list[str]) -> str:
-        """A JSON string that is none of ``strings`` (llama.cpp's trie construction, quirk Q7 kept)."""
+        """A JSON string that is none of ``strings`` (llama.cpp's trie construction and its quirk kept:
+        a proper prefix of a declared property name is refused too)."""
         trie: dict = {}
         for s in strings:
             node = trie
@@ -344,8 +346,8 @@ class _Converter:
             if common:
                 return self.add_rule(rule_name, "(" + " | ".join(common) + ")")
         if not props and not enums:
-            # Q9 fixed: components that are neither objects nor enums (e.g. string constraints) are merged into
-            # one schema instead of producing an empty object
+            # llama.cpp bug fixed: components that are neither objects nor enums (e.g. string constraints) are
+            # merged into one schema instead of producing an empty object
             merged = {k: v for k, v in schema.items() if k != "allOf"}
             for comp in comps:
                 while isinstance(comp, dict) and "$ref" in comp:
@@ -354,7 +356,7 @@ class _Converter:
             return self.visit(merged, name)
         return self.add_rule(rule_name, self.object_rule(props, required, name, False))
 
-    # --- regular expressions (spec §5.8) ---------------------------------------------------------------------
+    # --- regular expressions -------------------------------------------------------------------------------
 
     def pattern(self, pattern: str, rule_name: str) -> str:
         saved = dict(self.rules)
@@ -387,14 +389,15 @@ def _non_negative(schema: dict, key: str, default: int | None) -> int | None:
 
 def server_response_schema(schema: Any) -> Any:
     """The schema llama-server converts for a request's ``json_schema`` / ``response_format``: there an empty
-    ``{}`` means any JSON *object* (spec/grammar §4.3, spec/server), while to the converter it is any value."""
+    ``{}`` means any JSON *object* (``oaicompat_chat_params_parse`` in tools/server/server-common.cpp), while to
+    the converter it is any value."""
     return {"type": "object"} if schema == {} else schema
 
 
 def json_schema_to_gbnf(schema: Any, dotall: bool = False) -> str:
     """GBNF for JSON documents valid under ``schema`` (a dict, or JSON text); GrammarError when unsupported.
 
-    A schema without type or keywords (``{}``) is any JSON value (spec/grammar §5.2 step 8), as in llama.cpp's
+    A schema without type or keywords (``{}``) is any JSON value, as in llama.cpp's
     converter and ``--json-schema``; the server's reading of ``{}`` is :func:`server_response_schema`.
     """
     if isinstance(schema, (str, bytes)):

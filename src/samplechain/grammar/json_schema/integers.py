@@ -1,13 +1,14 @@
-"""Integer ranges (``minimum`` / ``maximum``, spec/grammar §5.7) as digit-wise GBNF in llama.cpp's shape,
-its bug Q10 fixed."""
+"""Integer ranges (``minimum`` / ``maximum``) as digit-wise GBNF in the shape of llama.cpp's ``build_min_max_int``
+(common/json-schema-to-grammar.cpp), with one of its bugs fixed (see ``_IntRange``)."""
 
 from __future__ import annotations
 
 
 class _IntRange:
-    """Digit-wise GBNF for canonical integers in [lo, hi] (spec §5.7), llama.cpp's shape.
+    """Digit-wise GBNF for canonical integers in [lo, hi], llama.cpp's shape.
 
-    Fixed: a minimum whose remaining digits start with 0 (Q10, e.g. 1005) keeps those zeros, and below the
+    Fixed: a minimum whose remaining digits start with 0 (e.g. 1005) keeps those zeros (llama.cpp drops them,
+    so its grammar for minimum 1005 also accepts 100, 1000 and 1004), and below the
     top level a remaining minimum that starts with 1 still admits longer numbers starting with 0.
     """
 

@@ -1,4 +1,4 @@
-"""``pattern`` regular expressions -> GBNF (spec/grammar §5.8); what it cannot express raises
+"""``pattern`` regular expressions -> GBNF (llama.cpp's ``_visit_pattern``); what it cannot express raises
 ``_Unsupported``, which the converter turns into a warning and a plain string (as llama.cpp)."""
 
 from __future__ import annotations

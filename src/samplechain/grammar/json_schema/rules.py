@@ -1,5 +1,5 @@
 """The GBNF building blocks every part of the conversion uses: llama.cpp's primitive and format rules,
-literals and repetitions (spec/grammar §5, repetitions §5.6)."""
+literals and repetitions (common/json-schema-to-grammar.cpp)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def _json_text(value: Any) -> str:
 
 
 def _repetition(item: str, lo: int, hi: int | None, separator: str = "") -> str:
-    """llama.cpp's build_repetition (spec §5.6); ``hi`` None: unbounded."""
+    """llama.cpp's build_repetition; ``hi`` None: unbounded."""
     if hi == 0:
         return ""
     if lo == 0 and hi == 1:

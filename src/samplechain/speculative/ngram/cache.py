@@ -1,4 +1,4 @@
-"""ngram-cache (spec/speculative §2.9): llama.cpp's lookup caches (context, dynamic, static), their file
+"""ngram-cache (common/ngram-cache.cpp): llama.cpp's lookup caches (context, dynamic, static), their file
 format and libstdc++'s iteration order, which breaks ties when drafting."""
 
 from __future__ import annotations
@@ -294,7 +294,7 @@ def _pick(part: dict[int, int], order: list[int], static: dict[int, int], min_sa
 class NgramCache:
     """ngram-cache ("prompt lookup decoding"): up to 8 tokens, one at a time, from three n-gram caches: the
     context cache built from this sequence's history (n = 4..1, lax thresholds), a dynamic cache (strict
-    thresholds), a static cache of 2-grams (validator of the other two, and last resort). See §2.9.
+    thresholds), a static cache of 2-grams (validator of the other two, and last resort).
 
     ``static`` and ``dynamic`` are tables or lookup-cache files (llama.cpp's -lcs / -lcd); they are only read,
     so one table can serve every sequence."""

@@ -1,5 +1,5 @@
 """The --spec-type names, ``make_drafters`` (the n-gram drafters of one sequence in llama.cpp's priority
-order, spec/speculative §1.1, §1.2) and ``draft_round`` (one drafting round, §1.4)."""
+order) and ``draft_round`` (one drafting round); llama.cpp's are in common/speculative.cpp."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from samplechain.speculative.ngram.map_k import NgramMapK
 from samplechain.speculative.ngram.mod import NgramMod, NgramModTable
 from samplechain.speculative.ngram.simple import NgramSimple
 
-# §1.1/§1.2: every --spec-type name; the implementations in llama.cpp's priority order (first = tried first)
+# every --spec-type name; the implementations in llama.cpp's priority order (first = tried first)
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 DRAFT_MODEL_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
 SPEC_TYPES = ("none", *NGRAM_TYPES, *DRAFT_MODEL_TYPES)
@@ -23,10 +23,10 @@ SPEC_TYPES = ("none", *NGRAM_TYPES, *DRAFT_MODEL_TYPES)
 _PARAMS: dict[str, tuple[object, int | None, int | None, str]] = {
     "ngram_simple_size_n": (12, 1, 1024, "--spec-ngram-simple-size-n"),
     "ngram_simple_size_m": (48, 1, 1024, "--spec-ngram-simple-size-m"),
-    "ngram_simple_min_hits": (1, 1, 65535, "--spec-ngram-simple-min-hits"),  # unused by llama.cpp (§2.6)
+    "ngram_simple_min_hits": (1, 1, 65535, "--spec-ngram-simple-min-hits"),  # unused by llama.cpp
     "ngram_map_k_size_n": (12, 1, 1024, "--spec-ngram-map-k-size-n"),
     "ngram_map_k_size_m": (48, 1, 1024, "--spec-ngram-map-k-size-m"),
-    "ngram_map_k_min_hits": (1, 1, 65535, "--spec-ngram-map-k-min-hits"),  # unused by llama.cpp (§2.7)
+    "ngram_map_k_min_hits": (1, 1, 65535, "--spec-ngram-map-k-min-hits"),  # unused by llama.cpp
     "ngram_map_k4v_size_n": (12, 1, 1024, "--spec-ngram-map-k4v-size-n"),
     "ngram_map_k4v_size_m": (48, 1, 1024, "--spec-ngram-map-k4v-size-m"),
     "ngram_map_k4v_min_hits": (1, 1, 65535, "--spec-ngram-map-k4v-min-hits"),
@@ -62,7 +62,7 @@ def _enabled_types(types: Sequence[str] | str) -> set[str]:
 
 
 def make_drafters(types: Sequence[str] | str, **params: object) -> list[Drafter]:
-    """The n-gram drafters for one sequence, in llama.cpp's priority order (§1.2): ngram-simple, ngram-map-k,
+    """The n-gram drafters for one sequence, in llama.cpp's priority order: ngram-simple, ngram-map-k,
     ngram-map-k4v, ngram-mod, ngram-cache.
 
     ``types`` are --spec-type values (each may be a comma-separated list; ``none`` in a value drops that value).

@@ -1,4 +1,4 @@
-"""ngram-map-k and ngram-map-k4v (spec/speculative §2.7): per-sequence maps from key n-grams to their hits
+"""ngram-map-k and ngram-map-k4v (common/ngram-map.cpp): per-sequence maps from key n-grams to their hits
 and following m-grams, over a hash index of the history."""
 
 from __future__ import annotations

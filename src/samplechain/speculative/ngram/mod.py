@@ -1,4 +1,4 @@
-"""ngram-mod (spec/speculative §2.8): one hash table of n-gram followers shared by every sequence, and the
+"""ngram-mod (common/ngram-mod.cpp): one hash table of n-gram followers shared by every sequence, and the
 drafter that rolls a window through it."""
 
 from __future__ import annotations

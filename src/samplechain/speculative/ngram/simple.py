@@ -1,5 +1,5 @@
-"""ngram-simple (spec/speculative §2.6): prompt-lookup drafting from the most recent occurrence of the last
-N tokens; stateless."""
+"""ngram-simple (llama.cpp's ``common_speculative_impl_ngram_simple``): prompt-lookup drafting from the most recent
+occurrence of the last N tokens; stateless."""
 
 from __future__ import annotations
 
