@@ -31,7 +31,7 @@ import httpx
 CONCURRENT = 16
 TOKENS = 64
 SLOTS = 8
-PROBES = 20
+PROBES = 40
 
 
 def free_port() -> int:
