@@ -17,6 +17,7 @@ import h11
 import pytest
 from tests.server.conftest import call, live_server
 
+from samplechain.server import limits, prompts
 from samplechain.server import request as rq
 from samplechain.server.app import BackgroundServer, ServerConfig
 
@@ -293,24 +294,24 @@ def test_too_many_prompts_and_too_long_prompts(small):
     assert r.status == 400
     assert r.json()["error"]["message"] == ("Field 'prompt': a request may start at most 256 completions "
                                             "(prompts x n), got 2000 x 1")
-    n = rq.max_prompt_chars(small.state.model, 256) + 1
+    n = prompts.max_prompt_chars(small.state.model, 256) + 1
     t0 = time.process_time()  # the server's work (it runs in this process), not the machine's load
     r = call(small, "POST", "/completion", {"prompt": "a" * n, "n_predict": 1})
     assert time.process_time() - t0 < 2.0 and r.status == 400
     err = r.json()["error"]
     assert err["type"] == "exceed_context_size_error" and err["n_ctx"] == 256
     assert err["message"].startswith(f"request ({n} characters) exceeds the available context size (256 tokens)")
-    r = call(small, "POST", "/tokenize", {"content": "a" * (rq.MAX_TOKENIZE_CHARS + 1)})
+    r = call(small, "POST", "/tokenize", {"content": "a" * (limits.MAX_TOKENIZE_CHARS + 1)})
     assert r.status == 400 and r.json()["error"]["message"].startswith("Field 'content': at most")
 
 
 def test_a_grammar_over_its_compile_budget_is_400(small, monkeypatch):
     grammar = "root ::= " + " | ".join(f'"w{i}"' for i in range(3000))  # within the size limit, ~1 s of work
-    monkeypatch.setattr(rq, "COMPILE_BUDGET", 0.01)
+    monkeypatch.setattr(limits, "COMPILE_BUDGET", 0.01)
     r = call(small, "POST", "/completion", {"prompt": "Hi", "grammar": grammar, "n_predict": 2})
     assert r.status == 400
     assert "the grammar took more than the compile time budget of 0.01 s" in r.json()["error"]["message"]
-    monkeypatch.setattr(rq, "COMPILE_BUDGET", 30.0)
+    monkeypatch.setattr(limits, "COMPILE_BUDGET", 30.0)
     r = call(small, "POST", "/completion", {"prompt": "Hi", "grammar": grammar, "n_predict": 2, "temperature": 0})
     assert r.status == 200 and r.json()["content"].startswith("w")
 
@@ -496,7 +497,7 @@ def test_sigterm_exits_0_within_the_grace_and_every_client_gets_a_final_event(tm
 
 
 def test_a_chunked_body_past_the_limit_is_413(small, monkeypatch):
-    monkeypatch.setattr(rq, "MAX_BODY", 1 << 20)  # the limit applies to what is read, Content-Length or not
+    monkeypatch.setattr(limits, "MAX_BODY", 1 << 20)  # the limit applies to what is read, Content-Length or not
     sock = socket.create_connection(("127.0.0.1", small.port))
     sock.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  b"Transfer-Encoding: chunked\r\n\r\n")

@@ -23,8 +23,8 @@ from ray import serve
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from samplechain.integrations import ray_wire as wire
+from samplechain.server.limits import MAX_BODY, APIError
 from samplechain.server.relay import RESPONSES_PATHS, StreamTail
-from samplechain.server.request import MAX_BODY, APIError
 
 logger = logging.getLogger("ray.serve")
 ENGINE = "SamplechainEngine"

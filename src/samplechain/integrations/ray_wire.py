@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from samplechain.server import relay
+from samplechain.server.limits import APIError
 from samplechain.server.relay import RESPONSE_ID, RESPONSES_PATHS
-from samplechain.server.request import APIError
 from samplechain.server.responses import json_bytes
 
 REPLICA_HEADER = "x-samplechain-replica"  # on every answer: the replica that answered (also a request's pin)

@@ -18,7 +18,7 @@ from samplechain.chat import ChatMessage, ChatOptions, ChatSyntax, MessageDiff, 
 from samplechain.chat.messages import random_id
 from samplechain.chat.parse import parse_content
 from samplechain.runtime.events import Final
-from samplechain.server import prompts
+from samplechain.server import prompts as pr
 from samplechain.server.limits import MAX_MESSAGES, APIError, bad_request
 from samplechain.server.responses import error_body, json_bytes
 
@@ -325,7 +325,7 @@ def tool_request(body: Mapping[str, Any]) -> ToolRequest | None:
             if not isinstance(disable, bool):
                 raise bad_request("tool_choice.disable_parallel_tool_use: must be true or false")
             oai["parallel_tool_calls"] = not disable
-    return prompts.tool_request(oai)
+    return pr.tool_request(oai)
 
 
 def _thinking(body: Mapping[str, Any], fields: dict[str, Any], kwargs: dict[str, Any]) -> None:
@@ -378,7 +378,7 @@ def translate(body: Mapping[str, Any], reasoning_format: str, count: bool = Fals
     request = tool_request(body)
     if request is not None and request.choice != "none" and body.get("grammar") is not None:
         raise bad_request("Cannot use custom grammar constraints with tools.")
-    options = prompts.chat_options({**fields, "chat_template_kwargs": kwargs}, None, reasoning_format)
+    options = pr.chat_options({**fields, "chat_template_kwargs": kwargs}, None, reasoning_format)
     return Translated(fields, messages, request, options, tuple(stops or ()), limit)
 
 

@@ -35,7 +35,7 @@ from samplechain.server import (
     routes_responses,
     visualizer,
 )
-from samplechain.server.request import MAX_BODY, APIError
+from samplechain.server.limits import MAX_BODY, APIError
 from samplechain.server.responses import reply
 from samplechain.server.run import ClientGone
 from samplechain.server.sleep import needs_model

@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from samplechain.server import request as rq
-from samplechain.server.request import APIError, bad_request
+from samplechain.server import limits
+from samplechain.server import prompts as pr
+from samplechain.server.limits import APIError, bad_request
 
 if TYPE_CHECKING:
     from samplechain.runtime.generation import Model
@@ -51,8 +52,8 @@ def check_infill(body: Mapping[str, Any]) -> list[dict[str, str]]:
     extra = body.get("input_extra", [])
     if not isinstance(extra, list):
         raise bad_request("\"input_extra\" must be an array of {\"filename\": string, \"text\": string}")
-    if len(extra) > rq.MAX_COMPLETIONS:
-        raise bad_request(f"Field 'input_extra': at most {rq.MAX_COMPLETIONS} chunks, got {len(extra)}")
+    if len(extra) > limits.MAX_COMPLETIONS:
+        raise bad_request(f"Field 'input_extra': at most {limits.MAX_COMPLETIONS} chunks, got {len(extra)}")
     for chunk in extra:
         if not isinstance(chunk, Mapping) or not isinstance(chunk.get("text"), str):
             raise bad_request("extra_context chunk must contain a \"text\" field with a string value")
@@ -67,9 +68,9 @@ def format_infill(model: Model, fim: Mapping[str, int | None], prefix: Any, suff
     """``format_prompt_infill`` (SPM order off): the prompt tokens of an infill request whose ``prompt`` is
     already tokenized. Texts are tokenized without special tokens, added or parsed."""
     def tokenize(text: Any) -> list[int]:
-        return rq.tokenize_mixed(model, text, add_special=False, n_ctx=n_ctx, parse_special=False)
+        return pr.tokenize_mixed(model, text, add_special=False, n_ctx=n_ctx, parse_special=False)
 
-    rq.check_length(model, sum(len(c["text"]) for c in extra), n_ctx)  # only their last tokens can be used
+    pr.check_length(model, sum(len(c["text"]) for c in extra), n_ctx)  # only their last tokens can be used
     extra_tokens: list[int] = []
     if fim["fim_rep"] is not None:
         extra_tokens += [fim["fim_rep"], *tokenize("myproject\n")]  # llama.cpp's TODO: the project's name
@@ -97,7 +98,7 @@ def infill_body(state: ServerState, fim: Mapping[str, int | None], body: dict[st
     ``n_batch``, default ``n_predict`` and slot context size the budgets)."""
     extra = check_infill(body)
     engine = state.running_engine
-    prompt = rq.tokenize_mixed(state.model, body.get("prompt", ""), add_special=False, n_ctx=engine.n_ctx_slot)
+    prompt = pr.tokenize_mixed(state.model, body.get("prompt", ""), add_special=False, n_ctx=engine.n_ctx_slot)
     tokens = format_infill(state.model, fim, body["input_prefix"], body["input_suffix"], extra, prompt,
                            engine.n_batch, state.config.defaults.n_predict, engine.n_ctx_slot)
     return {**body, "prompt": tokens}

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 from samplechain.chat import ChatOptions, ChatParams, ToolRequest
 from samplechain.grammar.json_schema import server_response_schema
 from samplechain.params import SamplingParams
+from samplechain.server import prompts as pr
 from samplechain.server import request as rq
-from samplechain.server.limits import context_error
-from samplechain.server.request import Options, bad_request
+from samplechain.server.limits import bad_request, context_error
+from samplechain.server.request import Options
 
 if TYPE_CHECKING:
     from samplechain.server.state import ServerState
@@ -64,7 +65,7 @@ def prepare_completion(state: ServerState, body: dict[str, Any]) -> tuple[Sampli
     """A completion request's parameters and its tasks (each prompt checked against a slot's context)."""
     try:
         params, opts = prepare(state, body)
-        prompts = rq.prompts(state.model, body, state.running_engine.n_ctx_slot, opts.n_cmpl)
+        prompts = pr.prompts(state.model, body, state.running_engine.n_ctx_slot, opts.n_cmpl)
     except ValueError as e:
         raise bad_request(str(e)) from None
     for p in prompts:
@@ -83,12 +84,12 @@ def prepare_chat(state: ServerState, body: dict[str, Any]) -> tuple[SamplingPara
         fields = {**body, **rq.response_format(body), **rq.chat_logprobs(body)}
     except ValueError as e:
         raise bad_request(str(e)) from None
-    messages = rq.chat_messages(body)
-    request = rq.tool_request(body)
+    messages = pr.chat_messages(body)
+    request = pr.tool_request(body)
     if request is not None and request.choice != "none" and body.get("grammar") is not None:
         raise bad_request("Cannot use custom grammar constraints with tools.")
     schema = fields.get("json_schema")
-    options = rq.chat_options(body, None if schema is None else server_response_schema(schema),
+    options = pr.chat_options(body, None if schema is None else server_response_schema(schema),
                               state.config.reasoning_format)
     return prepare_messages(state, fields, messages, request, options)
 
@@ -102,7 +103,7 @@ def prepare_messages(state: ServerState, fields: dict[str, Any], messages: list[
     n_ctx = state.running_engine.n_ctx_slot
     if request is not None and not state.config.use_jinja:
         raise bad_request("tools param requires --jinja flag")
-    chat = rq.chat_apply(state.model, messages, request, options, n_ctx)
+    chat = pr.chat_apply(state.model, messages, request, options, n_ctx)
     fmt = chat.format
     try:
         if fmt.parse_tools:
@@ -125,7 +126,7 @@ def prepare_messages(state: ServerState, fields: dict[str, Any], messages: list[
         # a thinking budget from the request: the thinking block's tags, as the chat format gives them
         start, end = chat.syntax.tags
         params = replace(params, reasoning_budget_start_tag=start, reasoning_budget_end_tags=(end,))
-    tokens = rq.tokenize_mixed(state.model, chat.prompt, n_ctx=n_ctx)
+    tokens = pr.tokenize_mixed(state.model, chat.prompt, n_ctx=n_ctx)
     check_fits(state, tokens)
     return params, opts, jobs(state, params, opts, [tokens]), chat
 
@@ -140,5 +141,5 @@ def input_tokens(state: ServerState, messages: list[dict[str, Any]], request: To
     if request is not None and not state.config.use_jinja:
         raise bad_request("tools param requires --jinja flag")
     n_ctx = state.running_engine.n_ctx_slot
-    chat = rq.chat_apply(state.model, messages, request, options, n_ctx)
-    return len(rq.tokenize_mixed(state.model, chat.prompt, n_ctx=n_ctx))
+    chat = pr.chat_apply(state.model, messages, request, options, n_ctx)
+    return len(pr.tokenize_mixed(state.model, chat.prompt, n_ctx=n_ctx))

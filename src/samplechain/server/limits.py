@@ -53,7 +53,7 @@ TEXT_FIELDS = ("logit_bias", "grammar_triggers", "preserved_tokens", "generation
                "reasoning_budget_end_tags", "reasoning_budget_message", "dry_sequence_breakers", "samplers")
 MAX_MESSAGES = 4096  # chat messages per request
 
-def _parse_error(message: str) -> APIError:
+def parse_error(message: str) -> APIError:
     return APIError(400, f"[json.exception.parse_error] {message}")
 
 
@@ -82,15 +82,15 @@ def check_json(value: Any) -> None:
                 try:
                     v.encode("utf-8")
                 except UnicodeEncodeError as e:
-                    raise _parse_error(f"invalid string: a lone UTF-16 surrogate (U+{ord(v[e.start]):04X}) "
+                    raise parse_error(f"invalid string: a lone UTF-16 surrogate (U+{ord(v[e.start]):04X}) "
                                        "is not Unicode text") from None
         elif isinstance(v, int) and not INT_RANGE[0] <= v <= INT_RANGE[1]:
-            raise _parse_error(f"the number {str(v)[:32]}... is out of range")
+            raise parse_error(f"the number {str(v)[:32]}... is out of range")
         elif depth >= MAX_JSON_DEPTH and isinstance(v, (dict, list)):
-            raise _parse_error(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep")
+            raise parse_error(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep")
 
 
-def _text_chars(value: Any) -> int:
+def text_chars(value: Any) -> int:
     """The characters of the strings in a JSON value (keys included)."""
     return sum(len(v) for v, _ in _walk(value) if isinstance(v, str))
 

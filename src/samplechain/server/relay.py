@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from samplechain.server.anthropic_wire import error_event as anthropic_error_event
-from samplechain.server.request import APIError
+from samplechain.server.limits import APIError
 from samplechain.server.responses import error_body, json_bytes, sse
 
 RESPONSES_PATHS = ("/v1/responses", "/responses")

@@ -1,8 +1,7 @@
 """Request bodies -> engine tasks: the body read as JSON, the completion fields that are not sampling parameters,
 the samplers (llama-server's: tools/server/server-schema.cpp for the fields, ``oaicompat_chat_params_parse`` in
 tools/server/server-common.cpp for OpenAI's bodies). Sampling fields are parsed by ``sampling_fields`` from their
-declarations; the limits and errors are in ``limits.py``, prompts and chat messages in ``prompts.py`` (both
-importable from here)."""
+declarations; the limits and errors are in ``limits.py``, prompts and chat messages in ``prompts.py``."""
 
 from __future__ import annotations
 
@@ -19,43 +18,21 @@ from samplechain.grammar.engine import time_budget
 from samplechain.grammar.json_schema import server_response_schema
 from samplechain.params import CommonSampler, SamplingParams, tokenize_logit_bias
 from samplechain.runtime.generation import Model
-from samplechain.server.limits import (  # noqa: F401  (the request API's names, importable from here)
-    COMPILE_BUDGET,  # read through this module's name (samplers), as MAX_BODY (json_object): tests patch rq.X
+from samplechain.server import limits
+from samplechain.server.limits import (
     COUNT_LIMITS,
-    INT_RANGE,
-    MAX_BODY,
-    MAX_COMPLETIONS,
-    MAX_DRY_BREAKERS,
-    MAX_ENUM,
     MAX_FIELD_TEXT,
     MAX_GRAMMAR_CHARS,
     MAX_JSON_DEPTH,
-    MAX_LOGIT_BIAS,
-    MAX_MESSAGES,
-    MAX_SCHEMA_NODES,
     MAX_STOP,
     MAX_STOP_CHARS,
-    MAX_TOKENIZE_CHARS,
-    MAX_TRIGGERS,
     TEXT_FIELDS,
     APIError,
-    _parse_error,
-    _text_chars,
     bad_request,
     check_json,
     check_schema,
-)
-from samplechain.server.prompts import (  # noqa: F401  (the request API's names, importable from here)
-    chat_apply,
-    chat_messages,
-    chat_options,
-    chat_prompt,
-    chat_setup,
-    check_length,
-    max_prompt_chars,
-    prompts,
-    tokenize_mixed,
-    tool_request,
+    parse_error,
+    text_chars,
 )
 from samplechain.server.sampling_fields import FieldError, parse_sampling_fields
 
@@ -77,14 +54,14 @@ def json_object(raw: bytes) -> dict[str, Any]:
     """A request body: a JSON object of strict JSON (no NaN or Infinity, UTF-8 text without lone surrogates),
     nested at most ``MAX_JSON_DEPTH`` deep. Anything else is a 400 with llama-server's error body (llama-server
     answers malformed JSON with a 500)."""
-    if len(raw) > MAX_BODY:
+    if len(raw) > limits.MAX_BODY:
         raise APIError(413, "Payload Too Large")
     try:
         body = json.loads(raw or b"{}", parse_constant=_reject_constant, parse_float=_finite_float)
     except RecursionError:
-        raise _parse_error(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep") from None
+        raise parse_error(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep") from None
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
-        raise _parse_error(str(e)) from None
+        raise parse_error(str(e)) from None
     check_json(body)
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
@@ -92,12 +69,12 @@ def json_object(raw: bytes) -> dict[str, Any]:
 
 
 async def read_json(req: Any) -> dict[str, Any]:
-    """A request's JSON body (``json_object``), read up to ``MAX_BODY`` bytes whatever its Content-Length says
+    """A request's JSON body (``json_object``), read up to ``limits.MAX_BODY`` bytes whatever its Content-Length says
     (a chunked upload has none); a large one is parsed off the event loop."""
     chunks, size = [], 0
     async for chunk in req.stream():
         size += len(chunk)
-        if size > MAX_BODY:
+        if size > limits.MAX_BODY:
             raise APIError(413, "Payload Too Large")
         chunks.append(chunk)
     raw = b"".join(chunks)
@@ -172,7 +149,7 @@ def _get(body: Mapping[str, Any], *names: str) -> tuple[str, Any]:
     return names[0], None
 
 
-def _int(body: Mapping[str, Any], names: Sequence[str], default: int, lo: int = -INT32_MAX - 1,
+def int_field(body: Mapping[str, Any], names: Sequence[str], default: int, lo: int = -INT32_MAX - 1,
          hi: int = INT32_MAX) -> int:
     name, value = _get(body, *names)
     if value is None:
@@ -188,7 +165,7 @@ def _int(body: Mapping[str, Any], names: Sequence[str], default: int, lo: int = 
     return value
 
 
-def _bool(body: Mapping[str, Any], name: str, default: bool) -> bool:
+def bool_field(body: Mapping[str, Any], name: str, default: bool) -> bool:
     value = body.get(name)
     if value is None:
         return default
@@ -226,22 +203,22 @@ def parse_options(body: Mapping[str, Any], defaults: Defaults, n_slots: int) -> 
     if t_max is not None and (isinstance(t_max, bool) or not isinstance(t_max, (int, float))):
         raise bad_request("Field 't_max_predict_ms': must be a number")
     return Options(
-        n_predict=_int(body, ("n_predict", "max_completion_tokens", "max_tokens"), defaults.n_predict, -1),
-        n_keep=_int(body, ("n_keep",), defaults.n_keep, -1),
-        n_discard=_int(body, ("n_discard",), 0, 0),
-        n_cmpl=_int(body, ("n_cmpl", "n"), 1, 1, n_slots),
-        n_indent=_int(body, ("n_indent",), 0, 0),
+        n_predict=int_field(body, ("n_predict", "max_completion_tokens", "max_tokens"), defaults.n_predict, -1),
+        n_keep=int_field(body, ("n_keep",), defaults.n_keep, -1),
+        n_discard=int_field(body, ("n_discard",), 0, 0),
+        n_cmpl=int_field(body, ("n_cmpl", "n"), 1, 1, n_slots),
+        n_indent=int_field(body, ("n_indent",), 0, 0),
         t_max_predict_ms=-1.0 if t_max is None else float(t_max),
-        cache_prompt=_bool(body, "cache_prompt", defaults.cache_prompt),
-        id_slot=_int(body, ("id_slot",), -1),
-        stream=_bool(body, "stream", False),
-        include_usage=bool(stream_options and _bool(stream_options, "include_usage", False)),
+        cache_prompt=bool_field(body, "cache_prompt", defaults.cache_prompt),
+        id_slot=int_field(body, ("id_slot",), -1),
+        stream=bool_field(body, "stream", False),
+        include_usage=bool(stream_options and bool_field(stream_options, "include_usage", False)),
         stop=stop,
-        return_tokens=_bool(body, "return_tokens", False),
-        return_progress=_bool(body, "return_progress", False),
-        timings_per_token=_bool(body, "timings_per_token", False),
+        return_tokens=bool_field(body, "return_tokens", False),
+        return_progress=bool_field(body, "return_progress", False),
+        timings_per_token=bool_field(body, "timings_per_token", False),
         response_fields=tuple(fields or ()),
-        verbose=_bool(body, "verbose", defaults.verbose),
+        verbose=bool_field(body, "verbose", defaults.verbose),
     )
 
 
@@ -261,7 +238,7 @@ def parse_sampling(body: Mapping[str, Any], defaults: Defaults, n_vocab: int | N
         if isinstance(value, (list, dict)) and len(value) > limit:
             raise bad_request(f"Field '{name}': at most {limit} {what}, got {len(value)}")
     for name in TEXT_FIELDS:  # texts each sampler tokenizes or matches
-        n = _text_chars(body.get(name))
+        n = text_chars(body.get(name))
         if n > MAX_FIELD_TEXT:
             raise bad_request(f"Field '{name}': at most {MAX_FIELD_TEXT} characters of text, got {n}")
     try:
@@ -275,7 +252,7 @@ def parse_sampling(body: Mapping[str, Any], defaults: Defaults, n_vocab: int | N
 
 def samplers(params: Sequence[SamplingParams], model: Model) -> list[CommonSampler]:
     """A request's samplers, one per task (``params``, which differ only in their seeds), built off the engine
-    thread: the grammar is compiled once, with its first mask, within ``COMPILE_BUDGET`` seconds, and every
+    thread: the grammar is compiled once, with its first mask, within ``limits.COMPILE_BUDGET`` seconds, and every
     other task gets a clone (they share its mask cache). A sampler that cannot be built (a bad grammar or
     schema, a logit bias outside the vocabulary) is a 400 before the task starts, as llama-server fails at
     sampler init."""
@@ -284,7 +261,7 @@ def samplers(params: Sequence[SamplingParams], model: Model) -> list[CommonSampl
         bias = tuple(tokenize_logit_bias(params[0].logit_bias, vocab))
         params = [dataclasses.replace(p, logit_bias=bias) for p in params]
     try:
-        with time_budget(COMPILE_BUDGET):
+        with time_budget(limits.COMPILE_BUDGET):
             first = CommonSampler(params[0], vocab, n_vocab=n_vocab)
             if first.grammar is not None:
                 first.grammar.mask()

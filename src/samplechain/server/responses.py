@@ -15,7 +15,8 @@ from samplechain.chat.messages import random_id
 from samplechain.params import SamplingParams
 from samplechain.runtime.decoding import Timings
 from samplechain.runtime.events import Error, Final, Progress, Token
-from samplechain.server.request import APIError, Options, finite
+from samplechain.server.limits import APIError
+from samplechain.server.request import Options, finite
 
 BUILD_INFO = "b1-samplechain"
 

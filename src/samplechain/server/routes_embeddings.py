@@ -20,9 +20,11 @@ from fastapi.responses import Response
 
 from samplechain.params import SamplingParams
 from samplechain.runtime.events import Embeddings
+from samplechain.server import limits
+from samplechain.server import prompts as pr
 from samplechain.server import request as rq
 from samplechain.server.jobs import check_fits
-from samplechain.server.request import APIError, bad_request
+from samplechain.server.limits import APIError, bad_request
 from samplechain.server.responses import reply
 from samplechain.server.run import Run
 from samplechain.server.slot import Task
@@ -59,7 +61,7 @@ def entry_tokens(model: Model, entry: Any, n_ctx: int) -> list[int]:
     if isinstance(entry, Mapping):
         if "content" in entry:
             text = content_text(entry["content"])
-            return rq.tokenize_mixed(model, text, n_ctx=n_ctx)
+            return pr.tokenize_mixed(model, text, n_ctx=n_ctx)
         if "prompt_string" not in entry:
             raise bad_request(ENTRY_ERROR)
         if entry.get("multimodal_data") is not None:
@@ -69,7 +71,7 @@ def entry_tokens(model: Model, entry: Any, n_ctx: int) -> list[int]:
             raise bad_request(ENTRY_ERROR)
     if not isinstance(entry, (str, list)):
         raise bad_request(ENTRY_ERROR)
-    return rq.tokenize_mixed(model, entry, n_ctx=n_ctx)
+    return pr.tokenize_mixed(model, entry, n_ctx=n_ctx)
 
 
 def embedding_prompts(model: Model, prompt: Any, n_ctx: int) -> list[list[int]]:
@@ -78,8 +80,8 @@ def embedding_prompts(model: Model, prompt: Any, n_ctx: int) -> list[list[int]]:
     several = isinstance(prompt, list) and not any(isinstance(p, (int, float)) and not isinstance(p, bool)
                                                    for p in prompt)
     entries = prompt if several else [prompt]
-    if len(entries) > rq.MAX_COMPLETIONS:
-        raise bad_request(f"Field 'input': a request may embed at most {rq.MAX_COMPLETIONS} prompts, "
+    if len(entries) > limits.MAX_COMPLETIONS:
+        raise bad_request(f"Field 'input': a request may embed at most {limits.MAX_COMPLETIONS} prompts, "
                           f"got {len(entries)}")
     return [entry_tokens(model, e, n_ctx) for e in entries]
 
@@ -114,7 +116,7 @@ def prepare(state: ServerState, body: Mapping[str, Any], oai: bool) -> tuple[lis
     fmt = body.get("encoding_format")
     if fmt is not None and fmt not in ("float", "base64"):
         raise bad_request("The format to return the embeddings in. Can be either float or base64")
-    norm = rq._int(body, ("embd_normalize",), 2)
+    norm = rq.int_field(body, ("embd_normalize",), 2)
     prompts = embedding_prompts(state.model, prompt, state.running_engine.n_ctx_slot)
     if not prompts:
         raise bad_request("\"input\" must not be empty")

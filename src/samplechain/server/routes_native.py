@@ -16,13 +16,16 @@ from fastapi.responses import Response
 
 from samplechain.runtime.events import Error, Final, Progress, Token
 from samplechain.runtime.state import StateError, load_seq_state, save_seq_state
+from samplechain.server import limits
+from samplechain.server import prompts as pr
 from samplechain.server import request as rq
 from samplechain.server import responses as rs
 from samplechain.server.describe import props_body
 from samplechain.server.infill import fim_tokens, infill_body
 from samplechain.server.jobs import prepare_completion
+from samplechain.server.limits import APIError, bad_request
 from samplechain.server.metrics import render as render_metrics
-from samplechain.server.request import APIError, Options, bad_request
+from samplechain.server.request import Options
 from samplechain.server.responses import error_event, reply, sse
 from samplechain.server.run import Run, streaming
 
@@ -79,13 +82,13 @@ def router(state: ServerState) -> APIRouter:
             raise bad_request("add_special and parse_special must be true or false")
         parts = [content] if isinstance(content, str) else content if isinstance(content, list) else []
         n_chars = sum(len(p) for p in parts if isinstance(p, str))
-        if n_chars > rq.MAX_TOKENIZE_CHARS:
-            raise bad_request(f"Field 'content': at most {rq.MAX_TOKENIZE_CHARS} characters, got {n_chars}")
+        if n_chars > limits.MAX_TOKENIZE_CHARS:
+            raise bad_request(f"Field 'content': at most {limits.MAX_TOKENIZE_CHARS} characters, got {n_chars}")
         if isinstance(content, str):
             tokens = await asyncio.to_thread(state.model.tokenize, content, add_special=add_special,
                                              parse_special=parse_special)
         else:
-            tokens = await asyncio.to_thread(rq.tokenize_mixed, state.model, content, add_special)
+            tokens = await asyncio.to_thread(pr.tokenize_mixed, state.model, content, add_special)
         if body.get("with_pieces"):
             pieces = []
             for t in tokens:
@@ -114,7 +117,7 @@ def router(state: ServerState) -> APIRouter:
     async def apply_template(req: Request) -> Response:
         body = await rq.read_json(req)
         try:
-            prompt, _ = await asyncio.to_thread(rq.chat_prompt, state.model, body)
+            prompt, _ = await asyncio.to_thread(pr.chat_prompt, state.model, body)
         except ValueError as e:
             raise bad_request(str(e)) from None
         return reply({"prompt": prompt})

@@ -12,6 +12,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from samplechain.runtime.events import Error, Final, Token
+from samplechain.server import limits
+from samplechain.server import prompts as pr
 from samplechain.server import request as rq
 from samplechain.server import responses as rs
 from samplechain.server.describe import models_body
@@ -104,11 +106,11 @@ def router(state: ServerState) -> APIRouter:
         body = await rq.read_json(req)
 
         def count() -> int:
-            request = rq.tool_request(body)
+            request = pr.tool_request(body)
             if request is not None and request.choice != "none" and body.get("grammar") is not None:
-                raise rq.bad_request("Cannot use custom grammar constraints with tools.")
-            options = rq.chat_options(body, None, config.reasoning_format)
-            return input_tokens(state, rq.chat_messages(body), request, options)
+                raise limits.bad_request("Cannot use custom grammar constraints with tools.")
+            options = pr.chat_options(body, None, config.reasoning_format)
+            return input_tokens(state, pr.chat_messages(body), request, options)
         return reply({"input_tokens": await asyncio.to_thread(count), "object": "response.input_tokens"})
 
     return routes

@@ -26,6 +26,8 @@ from samplechain.chat import ChatOptions, ChatParams, ChatSyntax, MessageDiff, M
 from samplechain.grammar.json_schema import server_response_schema
 from samplechain.params import SamplingParams
 from samplechain.runtime.events import Error, Final, Progress, Token
+from samplechain.server import limits
+from samplechain.server import prompts as pr
 from samplechain.server import request as rq
 from samplechain.server import responses_wire as rw
 from samplechain.server.jobs import Job, input_tokens, prepare_messages
@@ -75,16 +77,16 @@ def translate(state: ServerState, body: dict[str, Any]) -> ChatInputs:
             raise rw.not_found(prev_id, "previous_response_id")
         previous = stored.history
     n_ctx = state.running_engine.n_ctx_slot
-    conversation = rq.chat_messages({"messages": rw.input_messages(body, previous, store)})
+    conversation = pr.chat_messages({"messages": rw.input_messages(body, previous, store)})
     instructions = body.get("instructions")
     messages = [{"role": "system", "content": instructions}, *conversation] if instructions else conversation
     tools = rw.function_tools(body)
-    request = rq.tool_request(rw.tool_body(body, tools))
+    request = pr.tool_request(rw.tool_body(body, tools))
     schema = rw.text_schema(body)
     fields = rw.sampling_fields(body, n_ctx, schema)
     if request is not None and request.choice != "none" and fields.get("grammar") is not None:
-        raise rq.bad_request("Cannot use custom grammar constraints with tools.")
-    options = rq.chat_options(rw.thinking_options(body), None if schema is None else server_response_schema(schema),
+        raise limits.bad_request("Cannot use custom grammar constraints with tools.")
+    options = pr.chat_options(rw.thinking_options(body), None if schema is None else server_response_schema(schema),
                               state.config.reasoning_format)
     return ChatInputs(conversation, messages, tools, request, fields, options)
 

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from samplechain.server.request import APIError
+from samplechain.server.limits import APIError
 
 AWAKE, GOING_TO_SLEEP, SLEEPING, WAKING = "awake", "going to sleep", "sleeping", "waking"
 

@@ -19,9 +19,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from samplechain.server import prompts as pr
 from samplechain.server import request as rq
-from samplechain.server.limits import context_error
-from samplechain.server.request import APIError, bad_request
+from samplechain.server.limits import APIError, bad_request, context_error
 from samplechain.server.responses import reply
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -61,10 +61,10 @@ def router(state: Any) -> APIRouter:
         model, engine = state.model, state.engine
         try:  # templates, tokenizing and the grammar's check off the event loop
             tokens, params, sampler = await asyncio.to_thread(_prompt_and_params, state, body)
-            n_top = rq._int(body, ("n_top",), 10, 1, MAX_N_TOP)
-            steps = rq._int(body, ("steps",), 1, 1, MAX_STEPS)
+            n_top = rq.int_field(body, ("n_top",), 10, 1, MAX_N_TOP)
+            steps = rq.int_field(body, ("steps",), 1, 1, MAX_STEPS)
             generated = _token_ids(body.get("generated"), model.config.n_vocab)
-            last_only = rq._bool(body, "last_step_only", False)
+            last_only = rq.bool_field(body, "last_step_only", False)
         except ValueError as e:
             raise bad_request(str(e)) from None
         n_ctx = engine.n_ctx_slot
@@ -109,14 +109,14 @@ def _prompt_and_params(state: Any, body: dict[str, Any]) -> tuple[list[int], Any
             raise bad_request("use one of \"prompt\" and \"messages\"")
         from samplechain.runtime.chat import starts_with_bos
 
-        text, generation_prompt = rq.chat_prompt(model, body, state.engine.n_ctx_slot)
+        text, generation_prompt = pr.chat_prompt(model, body, state.engine.n_ctx_slot)
         fields = {**body, **rq.response_format(body)}
         if generation_prompt and "generation_prompt" not in body:
             fields["generation_prompt"] = generation_prompt
-        rq.check_length(model, len(text), state.engine.n_ctx_slot)
+        pr.check_length(model, len(text), state.engine.n_ctx_slot)
         tokens = model.tokenize(text, add_special=not starts_with_bos(model.vocab, text))
     else:
-        prompts = rq.prompts(model, body, state.engine.n_ctx_slot)
+        prompts = pr.prompts(model, body, state.engine.n_ctx_slot)
         if len(prompts) != 1:
             raise bad_request("a trace takes one prompt")
         tokens, fields = prompts[0], body
