@@ -8,13 +8,12 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from samplechain.runtime.events import Error, Final, Progress, Token
+from samplechain.runtime.events import Event, Final, Progress, Token
 from samplechain.runtime.state import StateError, load_seq_state, save_seq_state
 from samplechain.server import limits
 from samplechain.server import prompts as pr
@@ -26,8 +25,8 @@ from samplechain.server.jobs import prepare_completion
 from samplechain.server.limits import APIError, bad_request
 from samplechain.server.metrics import render as render_metrics
 from samplechain.server.request import Options
-from samplechain.server.responses import error_event, reply, sse
-from samplechain.server.run import Run, streaming
+from samplechain.server.responses import reply
+from samplechain.server.run import Run, sse_stream
 
 if TYPE_CHECKING:
     from samplechain.server.engine import Engine, Slot
@@ -231,20 +230,17 @@ def router(state: ServerState) -> APIRouter:
             return reply(outs[0] if len(outs) == 1 else outs)
         await run.started()
 
-        async def events() -> AsyncIterator[bytes]:
-            async for index, ev in run.events():
-                match ev:
-                    case Progress():
-                        yield sse(rs.native_progress(ev, opts, index))
-                    case Token():
-                        yield sse(rs.native_event(ev, params, opts, index))
-                    case Final():
-                        yield sse(rs.native_final(ev, model=model_id, prompt_text=texts[index], params=params,
-                                                  opts=opts, eog=eog, index=index, streamed=True))
-                    case Error():
-                        yield sse(error_event(ev).body())
-                        return
-        return streaming(events(), run)
+        def frames(index: int, ev: Event) -> list[Any]:
+            match ev:
+                case Progress():
+                    return [rs.native_progress(ev, opts, index)]
+                case Token():
+                    return [rs.native_event(ev, params, opts, index)]
+                case Final():
+                    return [rs.native_final(ev, model=model_id, prompt_text=texts[index], params=params, opts=opts,
+                                            eog=eog, index=index, streamed=True)]
+            return []
+        return sse_stream(run, frames)
 
     return routes
 

@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from samplechain.runtime.events import Error, Final, Token
+from samplechain.runtime.events import Event, Final, Token
 from samplechain.server import limits
 from samplechain.server import prompts as pr
 from samplechain.server import request as rq
 from samplechain.server import responses as rs
 from samplechain.server.describe import models_body
 from samplechain.server.jobs import input_tokens, prepare_chat, prepare_completion
-from samplechain.server.responses import error_event, reply, sse
-from samplechain.server.run import Run, streaming
+from samplechain.server.responses import reply
+from samplechain.server.run import Run, sse_stream
 
 if TYPE_CHECKING:
     from samplechain.server.state import ServerState
@@ -49,18 +48,11 @@ def router(state: ServerState) -> APIRouter:
         await run.started()
         created = int(time.time())
 
-        async def events() -> AsyncIterator[bytes]:
-            async for index, ev in run.events():
-                if isinstance(ev, Error):
-                    yield sse(error_event(ev).body())
-                    return
-                if isinstance(ev, (Token, Final)):
-                    env = rs.oai_envelope("text_completion", cid, model_id, created)
-                    chunk = rs.oai_completion_chunk(ev, index, env)
-                    if chunk is not None:
-                        yield sse(chunk)
-            yield b"data: [DONE]\n\n"
-        return streaming(events(), run)
+        def frames(index: int, ev: Event) -> list[Any]:
+            if not isinstance(ev, (Token, Final)):
+                return []
+            return [rs.oai_completion_chunk(ev, index, rs.oai_envelope("text_completion", cid, model_id, created))]
+        return sse_stream(run, frames, done=True)
 
     @routes.post("/v1/chat/completions")
     @routes.post("/chat/completions")
@@ -84,19 +76,7 @@ def router(state: ServerState) -> APIRouter:
         await run.started()
         stream = rs.ChatStream(cid, model_id, int(time.time()), opts, chat.syntax, with_logprobs)
 
-        async def events() -> AsyncIterator[bytes]:
-            async for index, ev in run.events():
-                if isinstance(ev, Error):
-                    yield sse(error_event(ev).body())
-                    return
-                chunks = stream.chunks(index, ev)
-                if chunks:
-                    yield b"".join(map(sse, chunks))
-            last = stream.usage_chunk()
-            if last is not None:
-                yield sse(last)
-            yield b"data: [DONE]\n\n"
-        return streaming(events(), run)
+        return sse_stream(run, stream.chunks, lambda: [stream.usage_chunk()], done=True)
 
     @routes.post("/v1/chat/completions/input_tokens")
     @routes.post("/chat/completions/input_tokens")

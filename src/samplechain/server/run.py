@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -15,7 +15,7 @@ from samplechain.runtime.events import Begin, Embeddings, Error, Event, Final
 from samplechain.server.engine import Engine
 from samplechain.server.jobs import Job
 from samplechain.server.request import Options
-from samplechain.server.responses import error_event
+from samplechain.server.responses import error_event, sse
 from samplechain.server.slot import Task
 
 
@@ -154,3 +154,25 @@ def streaming(gen: AsyncIterator[bytes], run: Run) -> StreamingResponse:
         finally:
             run.cancel()  # the client went away (or the stream ended: then nothing is running)
     return StreamingResponse(body(), media_type="text/event-stream", headers={"X-Accel-Buffering": "no"})
+
+
+def sse_stream(run: Run, frames: Callable[[int, Event], Iterable[Any]], end: Callable[[], Iterable[Any]] = tuple,
+               done: bool = False) -> StreamingResponse:
+    """A run's server-sent events: each event's frames (``frames(index, event)``; None frames are skipped), an
+    error as the stream's last frame; at the end the ``end`` frames, then OpenAI's ``data: [DONE]`` when ``done``.
+    The route's streaming answer (``streaming``: its end or its client leaving cancels the run)."""
+
+    async def events() -> AsyncIterator[bytes]:
+        async for index, ev in run.events():
+            if isinstance(ev, Error):
+                yield sse(error_event(ev).body())
+                return
+            out = [f for f in frames(index, ev) if f is not None]
+            if out:
+                yield b"".join(map(sse, out))
+        for frame in end():
+            if frame is not None:
+                yield sse(frame)
+        if done:
+            yield b"data: [DONE]\n\n"
+    return streaming(events(), run)
