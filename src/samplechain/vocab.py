@@ -78,7 +78,7 @@ class Vocab:
     def from_gguf(cls, source: str | os.PathLike[str] | GGUFFile) -> Vocab:
         """The vocabulary of a GGUF model: token bytes, special/EOG sets, the model's tokenizer, chat template."""
         from samplechain.gguf import GGUFFile
-        from samplechain.tokenizer import ATTR_CONTROL, ATTR_UNKNOWN, GGUFTokenizer, token_bytes_table
+        from samplechain.tokenizer.gguf_tokenizer import ATTR_CONTROL, ATTR_UNKNOWN, GGUFTokenizer, token_bytes_table
 
         gguf = source if isinstance(source, GGUFFile) else GGUFFile(source)
         meta = gguf.metadata

@@ -432,8 +432,7 @@ def test_logit_bias_forms_and_out_of_vocabulary_ids(server):
 def test_speculative_slots_give_the_same_text(smol):
     from benchmarks.bench_speculative import TASKS
 
-    from samplechain.runtime.speculation import Speculation
-    from samplechain.speculative.ngram import make_drafters
+    from samplechain.speculative.config import SpeculationConfig
 
     prompt = TASKS["copy"]
     bodies = [{"prompt": prompt, "n_predict": 40, "temperature": 0},
@@ -442,9 +441,8 @@ def test_speculative_slots_give_the_same_text(smol):
     with live_server(smol, n_slots=2, n_ctx=1024) as plain:
         expected = [call(plain, "POST", "/completion", b).json() for b in bodies]
     with live_server(smol, n_slots=2, n_ctx=1024, metrics=True,
-                     speculation=lambda: Speculation(make_drafters(["ngram-simple"], ngram_simple_size_n=3,
-                                                                   ngram_simple_size_m=16), n_max=8,
-                                                    adaptive=False)) as spec:
+                     speculation=SpeculationConfig(("ngram-simple",), n_max=8, adaptive=False, ngram={
+                         "ngram_simple_size_n": 3, "ngram_simple_size_m": 16})) as spec:
         got = [call(spec, "POST", "/completion", b).json() for b in bodies]
         streamed = call(spec, "POST", "/completion", {**bodies[0], "stream": True}).events()
         metrics = call(spec, "GET", "/metrics").body.decode()

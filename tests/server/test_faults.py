@@ -18,7 +18,6 @@ import pytest
 from tests.server.conftest import call, live_server
 
 from samplechain.server import limits, prompts
-from samplechain.server import request as rq
 from samplechain.server.app import BackgroundServer, ServerConfig
 
 CHAT = [{"role": "user", "content": "Name three colours."}]

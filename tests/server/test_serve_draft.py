@@ -8,6 +8,7 @@ import pytest
 from tests.server.conftest import call, live_server
 
 from samplechain.runtime.speculation import Speculation
+from samplechain.speculative.config import SpeculationConfig
 
 REQUEST = {"prompt": "I believe the meaning of life is", "temperature": 0.2, "top_k": 5, "seed": 4242,
            "n_predict": 16, "return_tokens": True}
@@ -21,8 +22,9 @@ def plain(smol):
 
 
 def test_same_tokens_with_a_draft_model(smol, plain):
-    with live_server(smol, n_slots=2, n_ctx=512, metrics=True, speculation=lambda: Speculation([], n_max=8),
-                     model_draft=smol.path, draft_params={"n_max": 8, "n_min": 4}) as s:
+    with live_server(smol, n_slots=2, n_ctx=512, metrics=True,
+                     speculation=SpeculationConfig(("draft-simple",), n_max=8), model_draft=smol.path,
+                     draft_params={"n_max": 8, "n_min": 4}) as s:
         alone = call(s, "POST", "/completion", REQUEST).json()
         with concurrent.futures.ThreadPoolExecutor(2) as ex:  # both slots drafting at once
             both = [f.result().json() for f in [ex.submit(call, s, "POST", "/completion", REQUEST)
@@ -44,7 +46,8 @@ def test_serve_flags(monkeypatch, smol):
     assert cli.main(argv) == 0
     c = got["c"]
     assert c.model_draft == smol.path and c.draft_params["n_max"] == 8 and c.draft_params["n_min"] == 4
-    assert c.speculation().drafters == []  # no n-gram drafter: the slots add their draft model
+    assert c.speculation.build().drafters == []  # no n-gram drafter: the slots add their draft model
+    assert (c.speculation.types, c.speculation.n_max, c.speculation.n_min) == (("draft-simple",), 8, 4)
     assert c.embedding and c.pooling == "mean"
     assert c.n_batch == 256  # llama-server: with embeddings, n_batch = n_ubatch
 
@@ -64,8 +67,8 @@ def test_synthetic_acceptance(smol, plain, capsys):
     from samplechain import cli
     from samplechain.runtime.speculation import synth_probabilities
 
-    def spec(rate: float):
-        return lambda: Speculation([], n_max=8, adaptive=False, synth=(rate,) * 8)
+    def spec(rate: float) -> SpeculationConfig:
+        return SpeculationConfig(("draft-simple",), n_max=8, synth_rates=(rate,) * 8)
 
     with live_server(smol, n_slots=1, n_ctx=512, speculation=spec(0.0), model_draft=smol.path,
                      draft_params={"n_max": 8, "n_min": 4}) as s:

@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from samplechain.param_specs import cli_budget, cli_seed, declarations, flag_help
 from samplechain.param_specs import cli_non_negative_int as _non_negative_int
@@ -142,11 +142,11 @@ def add_spec_arguments(sp: argparse._ArgumentGroup) -> None:
                     help="compare: llama.cpp's sample-and-compare (same text as without drafting); sample: "
                          "distribution-preserving speculative sampling (draft model)")
     sp.add_argument("--spec-no-adaptive", action="store_true", help="always draft up to --draft-max")
-    for kind in ("simple", "map-k", "map-k4v"):
-        for what, default in (("size-n", 12), ("size-m", 48), ("min-hits", 1)):
-            sp.add_argument(f"--spec-ngram-{kind}-{what}", type=int, default=default, help=argparse.SUPPRESS)
-    for what, default in (("n-match", 24), ("n-min", 48), ("n-max", 64)):
-        sp.add_argument(f"--spec-ngram-mod-{what}", type=int, default=default, help=argparse.SUPPRESS)
+    from samplechain.speculative.ngram.factory import NGRAM_PARAMS
+
+    for key, (default, lo, _, flag) in NGRAM_PARAMS.items():  # the n-gram sizes, declared where they are checked
+        if lo is not None:
+            sp.add_argument(flag, dest=key, type=int, default=default, help=argparse.SUPPRESS)
     sp.add_argument("-lcs", "--lookup-cache-static", default=None, help="ngram-cache: static n-gram statistics")
     sp.add_argument("-lcd", "--lookup-cache-dynamic", default=None, help="ngram-cache: dynamic n-gram statistics")
 
@@ -198,39 +198,37 @@ def spec_types(args: argparse.Namespace) -> list[str]:
     return types
 
 
-def speculation_from_args(args: argparse.Namespace, model: object, serving: bool = False) -> object | None:
-    """The drafters the flags ask for (llama.cpp: a draft model is used only with --spec-type draft-simple).
-    ``serving``: the server's, per task: its slots have the draft model (``Engine``), nothing is said here."""
-    from samplechain.runtime.speculation import Speculation
-    from samplechain.speculative.ngram import make_drafters
+def speculation_config(args: argparse.Namespace) -> Any:
+    """The speculative flags as one ``SpeculationConfig`` (``speculative/config.py``); ValueError for a bad value."""
+    from samplechain.speculative.config import SPEC_DEFAULT, SpeculationConfig
+    from samplechain.speculative.ngram.factory import NGRAM_PARAMS
 
-    types = spec_types(args)
-    names = {t.strip() for value in types for t in value.split(",")}
-    if args.model_draft is not None and "draft-simple" not in names and not serving:
-        print("note: -md is used only with --spec-type draft-simple", file=sys.stderr)
-    if not names:
-        return None
-    params = {f"ngram_{kind.replace('-', '_')}_{what.replace('-', '_')}":
-              getattr(args, f"spec_ngram_{kind.replace('-', '_')}_{what.replace('-', '_')}")
-              for kind in ("simple", "map-k", "map-k4v") for what in ("size-n", "size-m", "min-hits")}
+    ngram = {key: getattr(args, key) for key, (_, lo, _, _) in NGRAM_PARAMS.items() if lo is not None}
     if args.spec_default:
-        params.update(ngram_mod_n_match=24, ngram_mod_n_min=48, ngram_mod_n_max=64)
-    else:
-        params.update(ngram_mod_n_match=args.spec_ngram_mod_n_match, ngram_mod_n_min=args.spec_ngram_mod_n_min,
-                      ngram_mod_n_max=args.spec_ngram_mod_n_max)
-    params.update(lookup_cache_static=args.lookup_cache_static, lookup_cache_dynamic=args.lookup_cache_dynamic)
-    drafters = make_drafters(types, **params)
-    if "draft-simple" in names and not serving:
+        ngram.update(SPEC_DEFAULT)
+    ngram.update(lookup_cache_static=args.lookup_cache_static, lookup_cache_dynamic=args.lookup_cache_dynamic)
+    return SpeculationConfig(tuple(spec_types(args)), n_max=args.draft_max, n_min=args.draft_min,
+                             p_min=args.draft_p_min, adaptive=not args.spec_no_adaptive, verify=args.spec_verify,
+                             seed=args.seed, ngram=ngram, synth_rates=getattr(args, "spec_synth_rates", None),
+                             synth_len=getattr(args, "spec_synth_len", None))
+
+
+def speculation_from_args(args: argparse.Namespace, model: object) -> object | None:
+    """``generate``'s drafting: the flags' drafters, and the draft model (``-md``) with ``--spec-type
+    draft-simple`` (llama.cpp uses a draft model only then)."""
+    config = speculation_config(args)
+    if args.model_draft is not None and not config.draft_model:
+        print("note: -md is used only with --spec-type draft-simple", file=sys.stderr)
+    draft = None
+    if config.draft_model:
         if args.model_draft is None:
             raise ValueError("--spec-type draft-simple needs a draft model (-md)")
         from samplechain.speculative.draft_model import DraftModel
 
-        draft = load_model(args.model_draft, args)
-        drafters.append(DraftModel(draft, model.vocab, n_max=max(1, args.draft_max),  # type: ignore[attr-defined]
-                                   n_min=args.draft_min, p_min=args.draft_p_min, n_ctx=args.ctx_size or 4096,
-                                   sample=args.spec_verify == "sample", seed=args.seed))
-    return Speculation(drafters, n_max=args.draft_max, n_min=args.draft_min, adaptive=not args.spec_no_adaptive,
-                       verify=args.spec_verify, seed=args.seed)
+        draft = DraftModel(load_model(args.model_draft, args), model.vocab,  # type: ignore[attr-defined]
+                           n_max=max(1, args.draft_max), n_min=args.draft_min, p_min=args.draft_p_min,
+                           n_ctx=args.ctx_size or 4096, sample=args.spec_verify == "sample", seed=args.seed)
+    return config.build(draft)
 
 
 def resolve_seed(params: SamplingParams, args: argparse.Namespace) -> SamplingParams:

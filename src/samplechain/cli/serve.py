@@ -15,7 +15,7 @@ from samplechain.cli.common import (
     from_hub,
     params_from_args,
     spec_types,
-    speculation_from_args,
+    speculation_config,
 )
 from samplechain.param_specs import cli_non_negative_int as _non_negative_int
 from samplechain.param_specs import cli_non_negative_number as _non_negative_float
@@ -189,7 +189,7 @@ def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from samplechain.runtime.speculation import Speculation, synth_probabilities
+    from samplechain.runtime.speculation import synth_probabilities
     from samplechain.server.app import ServerConfig
     from samplechain.server.app import serve as run_server
     from samplechain.server.request import Defaults
@@ -285,30 +285,23 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"warning: embeddings enabled with n_batch ({n_batch}) > n_ubatch ({args.ubatch_size}): setting "
               f"n_batch = n_ubatch = {args.ubatch_size}", file=sys.stderr)
         n_batch = args.ubatch_size
-    drafting = "draft-simple" in {t.strip() for v in spec_types(args) for t in v.split(",")}
-    if drafting and args.model_draft is None:
-        parser.error("--spec-type draft-simple needs a draft model (-md)")
-    if args.model_draft is not None and not drafting:
-        print("note: -md is used only with --spec-type draft-simple", file=sys.stderr)
-    if drafting:
-        model_path(args.model_draft)
-    speculation_from_args(args, None, serving=True)  # bad drafter names and lengths are usage errors now
     try:
         synth = synth_probabilities(args.spec_synth_rates, args.spec_synth_len, args.draft_max)
     except ValueError as e:
         parser.error(str(e))
     if synth and not spec_types(args):
         parser.error("synthetic acceptance requires an initialized speculative decoding context (--spec-type)")
-
-    def speculation() -> Speculation:
-        """A task's drafting: with synthetic acceptance, fixed lengths up to --draft-max (as llama.cpp)."""
-        spec = speculation_from_args(args, None, serving=True)
-        if synth:
-            spec.synth, spec.adaptive = synth, False
-        return spec
+    spec = speculation_config(args)  # bad drafter names and lengths are errors now, not at the first request
+    drafting = spec.draft_model
+    if drafting and args.model_draft is None:
+        parser.error("--spec-type draft-simple needs a draft model (-md)")
+    if args.model_draft is not None and not drafting:
+        print("note: -md is used only with --spec-type draft-simple", file=sys.stderr)
+    if drafting:
+        model_path(args.model_draft)
 
     config = ServerConfig(
-        speculation=speculation if spec_types(args) else None,
+        speculation=spec if spec.names else None,
         embedding=args.embedding, pooling=args.pooling, model_draft=args.model_draft if drafting else None,
         draft_params={"n_max": max(1, args.draft_max), "n_min": args.draft_min, "p_min": args.draft_p_min,
                       "sample": args.spec_verify == "sample", "seed": args.seed},

@@ -35,7 +35,7 @@ class _HFEncoder:
 
 
 def _token_bytes(pieces: list[str], added: set[int]) -> list[bytes]:
-    from samplechain.tokenizer import byte_decoder
+    from samplechain.tokenizer.bpe import byte_decoder
 
     decoder = byte_decoder()
     plain = [p for i, p in enumerate(pieces) if i not in added and p]

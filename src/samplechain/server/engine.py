@@ -40,6 +40,7 @@ from samplechain.runtime.kv_cache import KVCacheFull
 from samplechain.runtime.sequence import Sequence as CacheSequence
 from samplechain.server.metrics import Metrics
 from samplechain.server.slot import Slot, Task
+from samplechain.speculative.config import SpeculationConfig
 
 SLOT_PROMPT_SIMILARITY = 0.10
 SHUTTING_DOWN = Error(503, "the server is shutting down", "unavailable_error")
@@ -50,9 +51,9 @@ class Engine:
 
     def __init__(self, model: Model, n_slots: int = 4, n_ctx: int = 0, n_batch: int = 512,
                  context_shift: bool = False, special: bool = False,
-                 speculation: Callable[[], Any] | None = None, kv_unified: bool = False, pooling: str = "none",
+                 speculation: SpeculationConfig | None = None, kv_unified: bool = False, pooling: str = "none",
                  draft: Model | None = None, draft_params: Mapping[str, Any] | None = None) -> None:
-        """``speculation``: a fresh ``Speculation`` per task (its n-gram drafters and policy); ``pooling``: how
+        """``speculation``: how every task drafts (each its own ``Speculation``: drafters and policy); ``pooling``: how
         embedding tasks pool (runtime/embeddings.py); ``draft``: a draft model, drafting in every slot after the
         n-gram drafters (``DraftModel``'s ``draft_params``: n_max, n_min, p_min, sample, seed)."""
         if n_slots < 1:
@@ -276,7 +277,7 @@ class Engine:
         try:
             # drafting (n-gram drafters, the slot's draft model), verified by sample-and-compare: the same tokens
             # as without (not with n_probs, whose entries need each position's own sampling step)
-            spec = self.speculation() if self.speculation is not None and task.params.n_probs == 0 else None
+            spec = self.speculation.build() if self.speculation is not None and task.params.n_probs == 0 else None
             if spec is not None and slot.drafter is not None:
                 spec.add(slot.drafter)
             if spec is not None and spec.synth:

@@ -17,6 +17,7 @@ from samplechain.server.metrics import Metrics
 from samplechain.server.request import Defaults, release_memory
 from samplechain.server.responses_wire import ResponseStore
 from samplechain.server.sleep import Sleeper
+from samplechain.speculative.config import SpeculationConfig
 
 
 @dataclass
@@ -56,7 +57,7 @@ class ServerConfig:
     context_shift: bool = False
     special: bool = False
     defaults: Defaults = field(default_factory=Defaults)
-    speculation: Callable[[], Any] | None = None  # a fresh Speculation per task (n-gram drafters), or None
+    speculation: SpeculationConfig | None = None  # drafting in every slot (each task its own drafters), or None
     embedding: bool = False  # the embeddings routes answer (llama-server's --embedding)
     pooling: str | None = None  # how embeddings pool (--pooling); None: the model's own type, else none
     model_draft: str | None = None  # a draft model drafting in every slot (-md with --spec-type draft-simple)

@@ -20,7 +20,7 @@ SPEC_TYPES = ("none", *NGRAM_TYPES, *DRAFT_MODEL_TYPES)
 
 
 # every parameter make_drafters takes: (default, lo, hi, llama.cpp flag); None bounds = not an integer
-_PARAMS: dict[str, tuple[object, int | None, int | None, str]] = {
+NGRAM_PARAMS: dict[str, tuple[object, int | None, int | None, str]] = {
     "ngram_simple_size_n": (12, 1, 1024, "--spec-ngram-simple-size-n"),
     "ngram_simple_size_m": (48, 1, 1024, "--spec-ngram-simple-size-m"),
     "ngram_simple_min_hits": (1, 1, 65535, "--spec-ngram-simple-min-hits"),  # unused by llama.cpp
@@ -75,10 +75,10 @@ def make_drafters(types: Sequence[str] | str, **params: object) -> list[Drafter]
     ``lookup_cache_static`` / ``lookup_cache_dynamic`` (a path or an ``NgramCacheTable``).
     """
     for key in params:
-        if key not in _PARAMS:
-            raise ValueError(f"unknown speculative parameter {key!r} (known: {', '.join(_PARAMS)})")
+        if key not in NGRAM_PARAMS:
+            raise ValueError(f"unknown speculative parameter {key!r} (known: {', '.join(NGRAM_PARAMS)})")
     p: dict[str, object] = {}
-    for key, (default, lo, hi, flag) in _PARAMS.items():
+    for key, (default, lo, hi, flag) in NGRAM_PARAMS.items():
         value = params.get(key, default)
         if lo is not None and hi is not None:
             value = _check_int(key, value, lo, hi, flag)

@@ -1,0 +1,120 @@
+"""Byte-level BPE (llama.cpp's llm_tokenizer_bpe_session): each pre-tokenized word spelled in GPT-2's byte alphabet
+and merged by the file's merge ranks, lowest rank first."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+from samplechain.tokenizer.pretokenize import PreTokenizer
+
+
+def _byte_alphabet() -> list[str]:
+    """GPT-2's printable spelling of each byte (unicode_byte_to_utf8_map)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = [""] * 256
+    extra = 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+_BYTE_ALPHABET = _byte_alphabet()
+_BYTE_TRANSLATION = {i: ch for i, ch in enumerate(_BYTE_ALPHABET)}
+
+
+def byte_decoder() -> dict[str, int]:
+    """GPT-2's printable spelling of bytes, reversed: character -> byte."""
+    return {ch: b for b, ch in enumerate(_BYTE_ALPHABET)}
+
+
+BYTE_DECODE = byte_decoder()
+
+
+class BpeEncoder:
+    """Text -> token ids for a ``gpt2`` vocabulary: ``ignore_merges`` takes a word that is a token whole."""
+
+    def __init__(self, token_to_id: dict[str, int], merges: Sequence[str] | None, ignore_merges: bool,
+                 pre_tokenizer: PreTokenizer) -> None:
+        self.token_to_id = token_to_id
+        self.ignore_merges = ignore_merges
+        self.pre_tokenizer = pre_tokenizer
+        self._merges = merges
+        self._ranks: dict[tuple[str, str], int] | None = None
+        self._cache: dict[str, list[int]] = {}
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a text with no special tokens in it, word by word (each word's ids remembered)."""
+        out: list[int] = []
+        cache = self._cache
+        if len(cache) > 200_000:
+            cache.clear()
+        for word in self.pre_tokenizer.split(text):
+            ids = cache.get(word)
+            if ids is None:
+                ids = cache[word] = self._encode_word(
+                    word.encode("utf-8", "surrogatepass").decode("latin-1").translate(_BYTE_TRANSLATION))
+            out += ids
+        return out
+
+    def _encode_word(self, word: str) -> list[int]:
+        vocab = self.token_to_id
+        if self.ignore_merges and word in vocab:
+            return [vocab[word]]
+        syms = list(word)
+        if len(syms) > 1:
+            ranks = self._ranks if self._ranks is not None else self._load_ranks()
+            n = len(syms)
+            nxt = [*range(1, n), -1]
+            prv = list(range(-1, n - 1))
+            heap = []
+            for i in range(n - 1):
+                r = ranks.get((syms[i], syms[i + 1]))
+                if r is not None:
+                    heap.append((r, i, i + 1, syms[i] + syms[i + 1]))
+            heapq.heapify(heap)
+            while heap:
+                _, left, right, merged = heapq.heappop(heap)
+                a, b = syms[left], syms[right]
+                if not a or not b or a + b != merged:
+                    continue
+                syms[left], syms[right] = merged, ""
+                after = nxt[right]
+                nxt[left] = after
+                if after >= 0:
+                    prv[after] = left
+                before = prv[left]
+                if before >= 0:
+                    r = ranks.get((syms[before], merged))
+                    if r is not None:
+                        heapq.heappush(heap, (r, before, left, syms[before] + merged))
+                if after >= 0:
+                    r = ranks.get((merged, syms[after]))
+                    if r is not None:
+                        heapq.heappush(heap, (r, left, after, merged + syms[after]))
+        out = []
+        for sym in syms:
+            if not sym:
+                continue
+            tid = vocab.get(sym)
+            if tid is not None:
+                out.append(tid)
+                continue
+            for byte in sym.encode("utf-8"):  # llama.cpp looks each byte up as a one-byte text
+                tid = vocab.get(chr(byte)) if byte < 0x80 else None
+                if tid is not None:
+                    out.append(tid)
+        return out
+
+    def _load_ranks(self) -> dict[tuple[str, str], int]:
+        ranks: dict[tuple[str, str], int] = {}
+        for i, merge in enumerate(self._merges if self._merges is not None else ()):
+            at = merge.find(" ", 1)
+            pair = (merge[:at], merge[at + 1:]) if at != -1 else ("", "")
+            ranks.setdefault(pair, i)
+        self._ranks = ranks
+        return ranks
