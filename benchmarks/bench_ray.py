@@ -107,7 +107,7 @@ def on_ray(replicas: int, threads: int) -> tuple[tuple, float]:
     from ray import serve
 
     from samplechain.integrations.ray_serve import RayOptions, start
-    from samplechain.server.state import ServerConfig
+    from samplechain.server.config import ServerConfig
 
     config = ServerConfig(n_threads=threads, n_slots=SLOTS, n_ctx=SLOTS * 512)
     app = start(config, RayOptions(replicas=replicas, replica_cpus=1), host="127.0.0.1", port=free_port())

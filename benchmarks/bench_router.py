@@ -23,9 +23,9 @@ from pathlib import Path
 import httpx2 as httpx
 
 from samplechain.runtime.generation import model_path
+from samplechain.server.config import ServerConfig
 from samplechain.server.router import RouterConfig
 from samplechain.server.router_app import BackgroundRouter
-from samplechain.server.state import ServerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = ("-np", "4", "-c", "2048", "-t", "1", "--log-level", "error")

@@ -68,7 +68,7 @@ def on_loopback(local: str) -> bool:
 def cluster():
     """2 replicas of SmolLM2 (1 thread, 5 slots of 1024 cells each), /metrics on."""
     from samplechain.integrations.ray_serve import RayOptions, start
-    from samplechain.server.state import ServerConfig
+    from samplechain.server.config import ServerConfig
 
     config = ServerConfig(n_threads=1, n_slots=5, n_ctx=5120, metrics=True, shutdown_grace=2.0)
     app = start(config, RayOptions(replicas=2, health_check_period_s=2.0, health_check_timeout_s=20.0),

@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
+from samplechain.server.config import ServerConfig
 from samplechain.server.router import RouterConfig
 from samplechain.server.router_app import BackgroundRouter
 from samplechain.server.router_models import load_specs, read_preset
-from samplechain.server.state import ServerConfig
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 CHILD = ("-np", "4", "-c", "1024", "-t", "1", "--log-level", "error")

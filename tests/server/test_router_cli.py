@@ -31,9 +31,9 @@ from samplechain.cli.common import command_parser
 from samplechain.cli.serve import ROUTER_FLAGS, child_args, preset_flags, remote_preset_keys
 from samplechain.runtime import hub as hf
 from samplechain.runtime.hub import download_model
+from samplechain.server.config import ServerConfig
 from samplechain.server.router import Models, RouterConfig
 from samplechain.server.router_app import BackgroundRouter
-from samplechain.server.state import ServerConfig
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 TINY = "test-org/tiny-GGUF"

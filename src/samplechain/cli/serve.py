@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from samplechain.cli.common import (
     add_model_arguments,
@@ -18,11 +19,12 @@ from samplechain.cli.common import (
     speculation_config,
 )
 from samplechain.param_specs import cli_non_negative_int as _non_negative_int
-from samplechain.param_specs import cli_non_negative_number as _non_negative_float
 from samplechain.param_specs import cli_number as _number
 from samplechain.param_specs import cli_positive_int as _positive_int
 from samplechain.param_specs import read_text_file
 from samplechain.params import SamplingParams
+from samplechain.server.config import ServerConfig
+from samplechain.server.options import UNSET, declared
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,53 +34,20 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                         allow_abbrev=False)  # as llama-server: router mode passes the flags on by their names
     o = sv.add_argument_group("server")
     add_model_arguments(o)
-    o.add_argument("--host", default="127.0.0.1",
-                   help="addresses to listen on, comma-separated, or Unix socket paths ending in .sock; with several "
-                        "addresses :: binds IPv6 only (default 127.0.0.1)")
-    o.add_argument("--port", type=_non_negative_int, default=8080, help="port (default 8080; 0 = any free port)")
-    o.add_argument("-np", "--parallel", type=int, default=-1,
-                   help="slots: requests generated at once (-1 = auto: 4)")
-    o.add_argument("-c", "--ctx-size", type=_non_negative_int, default=0,
-                   help="context size shared by the slots (0 = the model's training context)")
-    o.add_argument("-b", "--batch-size", type=int, default=512, help="tokens per forward (prompt chunks included)")
+    add_declared(o, ServerConfig)  # ServerConfig's options (server/state.py), each declared once there
     o.add_argument("-ub", "--ubatch-size", type=int, default=512, help=argparse.SUPPRESS)
     o.add_argument("-n", "--n-predict", "--predict", type=int, default=-1, help="default tokens per request")
     o.add_argument("--keep", type=int, default=0, help="default tokens kept on context shift (-1 = the prompt)")
-    o.add_argument("-t", "--threads", type=int, default=None, help="CPU threads")
     o.add_argument("-tb", "--threads-batch", type=int, default=None, help=argparse.SUPPRESS)
     o.add_argument("--threads-http", type=int, default=-1, help=argparse.SUPPRESS)
-    o.add_argument("--device", default="cpu", help="torch device: cpu or cuda")
-    o.add_argument("--kernel", default=None, help="CPU forward kernel (default: the fastest measured here)")
     o.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers", type=int, default=None,
                    help="accepted for llama.cpp compatibility: the whole model runs on --device")
     o.add_argument("--api-key", default=None, help="comma-separated API keys (also $LLAMA_API_KEY)")
     o.add_argument("--api-key-file", default=None, help="file with one API key per line (# comments)")
-    o.add_argument("--cors-origins", default="localhost",
-                   help="origins whose pages may call the server: 'localhost' (loopback pages, the default), '*' "
-                        "(any page, without credentials), or a comma-separated list of origins")
-    o.add_argument("--cors-methods", default="GET, POST, DELETE, OPTIONS")
-    o.add_argument("--cors-headers", default="*")
-    o.add_argument("--cors-credentials", dest="cors_credentials", action="store_true", default=True)
-    o.add_argument("--no-cors-credentials", dest="cors_credentials", action="store_false")
-    o.add_argument("-to", "--timeout", type=_positive_int, default=600,
-                   help="HTTP read/write timeout in seconds: a silent request body or a client that reads nothing")
-    o.add_argument("--shutdown-grace", type=_non_negative_float, default=10.0,
-                   help="on SIGTERM/SIGINT, seconds running requests may finish before they are cut (default 10)")
     o.add_argument("-cb", "--cont-batching", action="store_true", default=True,
                    help="continuous batching (always on)")
     o.add_argument("-a", "--alias", default=None, help="model id(s) for the API, comma-separated")
     o.add_argument("--tags", default=None, help="model tags, comma-separated (informational: /v1/models)")
-    o.add_argument("-kvu", "--kv-unified", dest="kv_unified", action="store_true", default=False,
-                   help="the slots share one KV pool of -c cells, each may use all of it (default: a stream of "
-                        "-c / -np cells per slot, so a slot's text never depends on the others)")
-    o.add_argument("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false")
-    o.add_argument("--ui", "--webui", dest="ui", action="store_true", default=True,
-                   help="serve the sampler-chain visualizer at / (default)")
-    o.add_argument("--no-ui", "--no-webui", dest="ui", action="store_false")
-    o.add_argument("--responses-store", type=_non_negative_int, default=256, metavar="N",
-                   help="recent /v1/responses kept for previous_response_id (least recently used dropped; 0: none)")
-    o.add_argument("--slot-save-path", default=None,
-                   help="folder for POST /slots/{id}?action=save|restore (a slot's KV cells in a file)")
     o.add_argument("--jinja", dest="jinja", action="store_true", default=True,
                    help="render chat templates with jinja (default, as llama-server)")
     o.add_argument("--no-jinja", dest="jinja", action="store_false",
@@ -92,18 +61,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="thinking in chat templates: on, off or auto (the template's default)")
     o.add_argument("-v", "--verbose", "--log-verbose", action="store_true",
                    help="debug logging, and __verbose in every response (unless a request sets verbose false)")
-    o.add_argument("--metrics", action="store_true", help="enable /metrics")
-    o.add_argument("--slots", dest="slots", action="store_true", default=True, help="enable /slots (default)")
-    o.add_argument("--no-slots", dest="slots", action="store_false")
-    o.add_argument("--props", action="store_true", help="allow POST /props")
-    o.add_argument("--context-shift", action="store_true", help="shift a slot's context when it is full")
     o.add_argument("-r", "--reverse-prompt", action="append", default=[], help="default stop string (repeatable)")
-    o.add_argument("--special", action="store_true", help="render special tokens in the output")
     o.add_argument("--cache-prompt", dest="cache_prompt", action="store_true", default=True)
     o.add_argument("--no-cache-prompt", dest="cache_prompt", action="store_false")
-    o.add_argument("--sleep-idle-seconds", type=int, default=-1, metavar="N",
-                   help="unload the model after N idle seconds, reload it for the next request that needs it (-1: "
-                        "never)")
     o.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                    help="HTTP server log level")
     n = sv.add_argument_group("llama-server flags that mean nothing here (accepted, with a note)")
@@ -190,22 +150,17 @@ def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
 
 def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from samplechain.runtime.speculation import synth_probabilities
-    from samplechain.server.app import ServerConfig
     from samplechain.server.app import serve as run_server
     from samplechain.server.request import Defaults
 
-    if args.parallel == 0 or args.parallel < -1:
-        parser.error(f"-np/--parallel must be -1 (auto) or positive, got {args.parallel}")
-    if args.batch_size < 1:
-        parser.error(f"-b/--batch-size must be positive, got {args.batch_size}")
+    try:
+        declared_options = declared_values(args, ServerConfig)
+    except ValueError as e:
+        parser.error(str(e))
     if args.n_predict < -1:
         parser.error(f"-n/--n-predict must be -1 or more, got {args.n_predict}")
-    if not [h for h in args.host.split(",") if h.strip()]:
-        parser.error("--host requires at least one address")
     if not args.ray and (args.replicas is not None or args.ray_address is not None):
         parser.error("--replicas / --ray-address need --ray")
-    if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
-        parser.error(f"--slot-save-path: not a directory: {args.slot_save_path}")
     reasoning = {"on": True, "enabled": True, "true": True, "1": True, "off": False, "disabled": False,
                  "false": False, "0": False, "auto": None}
     if args.reasoning not in reasoning:
@@ -230,8 +185,6 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.flash_attn is not None and args.flash_attn not in ("on", "off", "auto", "enabled", "disabled", "true",
                                                                "false", "1", "0"):
         parser.error(f"-fa/--flash-attn: unknown value {args.flash_attn!r} (on, off or auto)")
-    if args.sleep_idle_seconds == 0 or args.sleep_idle_seconds < -1:
-        parser.error(f"--sleep-idle-seconds: cannot be 0 or less than -1, got {args.sleep_idle_seconds}")
     for given, feature in ((args.lora, "LoRA adapters (--lora)"), (args.reranking, "reranking (--reranking)")):
         if given:
             parser.error(f"{feature}: not provided by samplechain serve")
@@ -280,7 +233,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                         stop=tuple(r for r in args.reverse_prompt if r), cache_prompt=args.cache_prompt,
                         verbose=args.verbose)
     # embeddings and the draft model (--embedding, --pooling, -md with --spec-type draft-simple)
-    n_batch = args.batch_size
+    n_batch = declared_options["n_batch"]
     if args.embedding and n_batch > args.ubatch_size > 0:  # llama-server: a prompt to embed fits in one ubatch
         print(f"warning: embeddings enabled with n_batch ({n_batch}) > n_ubatch ({args.ubatch_size}): setting "
               f"n_batch = n_ubatch = {args.ubatch_size}", file=sys.stderr)
@@ -305,18 +258,11 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         embedding=args.embedding, pooling=args.pooling, model_draft=args.model_draft if drafting else None,
         draft_params={"n_max": max(1, args.draft_max), "n_min": args.draft_min, "p_min": args.draft_p_min,
                       "sample": args.spec_verify == "sample", "seed": args.seed},
-        model=args.model, host=args.host, port=args.port, n_slots=4 if args.parallel == -1 else args.parallel,
-        n_ctx=args.ctx_size, n_batch=n_batch, n_threads=args.threads, device=args.device,
-        kernel=args.kernel, api_keys=_api_keys(args), cors_origins=args.cors_origins,
-        cors_methods=args.cors_methods, cors_headers=args.cors_headers, cors_credentials=args.cors_credentials,
-        timeout=args.timeout, shutdown_grace=args.shutdown_grace, metrics=args.metrics, slots=args.slots,
-        props=args.props, alias=tuple(a.strip() for a in (args.alias or "").split(",") if a.strip()),
-        tags=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()), kv_unified=args.kv_unified,
-        ui=args.ui, slot_save_path=args.slot_save_path, responses_store=args.responses_store,
+        **{**declared_options, "n_batch": n_batch}, model=args.model, api_keys=_api_keys(args),
+        alias=tuple(a.strip() for a in (args.alias or "").split(",") if a.strip()),
+        tags=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()),
         use_jinja=args.jinja, chat_template=template,
-        reasoning_format=args.reasoning_format, enable_thinking=reasoning[args.reasoning],
-        context_shift=args.context_shift, special=args.special, defaults=defaults,
-        sleep_idle_seconds=args.sleep_idle_seconds)
+        reasoning_format=args.reasoning_format, enable_thinking=reasoning[args.reasoning], defaults=defaults)
     if args.ray:
         from samplechain.integrations.ray_serve import serve_ray
 
@@ -378,7 +324,6 @@ def preset_flags(parser: argparse.ArgumentParser) -> object:
 def serve_router(args: argparse.Namespace, parser: argparse.ArgumentParser, remote: bool = False) -> int:
     """Router mode (``server/router.py``): this command's flags become every child's, less the router's own.
     ``remote``: the preset came from a hub repo (only llama.cpp's remote-preset keys and sampling flags)."""
-    from samplechain.server.app import ServerConfig
     from samplechain.server.router import Models, RouterConfig
     from samplechain.server.router_app import serve_router as run_router
 
@@ -411,3 +356,23 @@ def remote_preset_keys(parser: argparse.ArgumentParser) -> frozenset[str]:
     names = {n.lstrip("-") for a in parser._actions for n in a.option_strings
              if any(o.lstrip("-") in allowed for o in a.option_strings)}
     return frozenset(allowed | names | set(PRESET_ONLY))
+
+
+def add_declared(group: argparse._ArgumentGroup, cls: type) -> None:
+    """The flags of a config class's declared options (``server/options.py``): each with its field as ``dest``;
+    a switch's ``--no-`` form sets it false."""
+    for opt in declared(cls):
+        arg = dict(opt.arg)
+        if arg.get("action") is None and "metavar" not in arg:  # N for numbers, else the long flag's name
+            number = arg.get("type") not in (None, str)
+            arg["metavar"] = "N" if number else opt.flags[-1].lstrip("-").upper().replace("-", "_")
+        default = opt.default if opt.flag_default is UNSET else opt.flag_default
+        group.add_argument(*opt.flags, dest=opt.name, default=default, help=opt.help, **arg)
+        if opt.negative:
+            group.add_argument(*opt.negative, dest=opt.name, action="store_false", help=opt.negative_help)
+
+
+def declared_values(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The declared options' fields from the parsed flags, each checked and converted (ValueError: a usage
+    error, with the option's message)."""
+    return {opt.name: opt.value(getattr(args, opt.name)) for opt in declared(cls)}

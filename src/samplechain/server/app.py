@@ -35,11 +35,12 @@ from samplechain.server import (
     routes_responses,
     visualizer,
 )
+from samplechain.server.config import ServerConfig
 from samplechain.server.limits import MAX_BODY, APIError
 from samplechain.server.responses import reply
 from samplechain.server.run import ClientGone
 from samplechain.server.sleep import needs_model
-from samplechain.server.state import ServerConfig, ServerState
+from samplechain.server.state import ServerState
 
 __all__ = ["BackgroundServer", "Gate", "HTTPServer", "ServerConfig", "ServerState", "create_app", "serve", "start"]
 

@@ -42,7 +42,6 @@ from samplechain.server.metrics import Metrics
 from samplechain.server.slot import Slot, Task
 from samplechain.speculative.config import SpeculationConfig
 
-SLOT_PROMPT_SIMILARITY = 0.10
 SHUTTING_DOWN = Error(503, "the server is shutting down", "unavailable_error")
 
 
@@ -52,7 +51,8 @@ class Engine:
     def __init__(self, model: Model, n_slots: int = 4, n_ctx: int = 0, n_batch: int = 512,
                  context_shift: bool = False, special: bool = False,
                  speculation: SpeculationConfig | None = None, kv_unified: bool = False, pooling: str = "none",
-                 draft: Model | None = None, draft_params: Mapping[str, Any] | None = None) -> None:
+                 draft: Model | None = None, draft_params: Mapping[str, Any] | None = None,
+                 slot_prompt_similarity: float = 0.10) -> None:
         """``speculation``: how every task drafts (each its own ``Speculation``: drafters and policy); ``pooling``: how
         embedding tasks pool (runtime/embeddings.py); ``draft``: a draft model, drafting in every slot after the
         n-gram drafters (``DraftModel``'s ``draft_params``: n_max, n_min, p_min, sample, seed)."""
@@ -66,6 +66,7 @@ class Engine:
         self.n_ctx_slot = n_ctx if kv_unified else n_ctx // n_slots
         self.n_batch, self.context_shift, self.special = n_batch, context_shift, special
         self.speculation = speculation
+        self.slot_prompt_similarity = slot_prompt_similarity  # ServerConfig.slot_prompt_similarity
         self._batch_samplers: dict[tuple[int, ...], Any] = {}
         self.ctx = model.new_context(n_ctx if kv_unified else self.n_ctx_slot * n_slots, n_seq_max=n_slots,
                                      n_batch=n_batch, kv_unified=kv_unified)
@@ -259,8 +260,8 @@ class Engine:
         idle = [s for s in self.slots if not s.busy]
         if not idle:
             return None
-        best, best_sim = None, SLOT_PROMPT_SIMILARITY
-        for s in idle:
+        best, best_sim = None, self.slot_prompt_similarity
+        for s in idle if self.slot_prompt_similarity > 0 else ():
             if s.seq.tokens and task.tokens:
                 sim = s.seq.common_prefix(task.tokens) / len(task.tokens)
                 if sim > best_sim:

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from samplechain.runtime import hub_cache
+from samplechain.server.config import ServerConfig
 from samplechain.server.limits import APIError
 from samplechain.server.router_models import ModelSpec, child_options, load_specs
-from samplechain.server.state import ServerConfig
 
 LISTENING = re.compile(r"listening on (http://[^\s,]+)")
 FAKE_TIMING = 2.0  # seconds (LLAMA_SERVER_DEBUG_FAKE_TIMING)

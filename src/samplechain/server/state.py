@@ -9,67 +9,14 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+from samplechain.server.config import ServerConfig
 from samplechain.server.engine import Engine
 from samplechain.server.metrics import Metrics
-from samplechain.server.request import Defaults, release_memory
+from samplechain.server.request import release_memory
 from samplechain.server.responses_wire import ResponseStore
 from samplechain.server.sleep import Sleeper
-from samplechain.speculative.config import SpeculationConfig
-
-
-@dataclass
-class ServerConfig:
-    """``samplechain serve``'s settings (llama-server's flags, declared in common/arg.cpp)."""
-
-    model: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8080
-    n_slots: int = 4
-    n_ctx: int = 0
-    n_batch: int = 512
-    n_threads: int | None = None
-    device: str = "cpu"
-    kernel: str | None = None
-    api_keys: tuple[str, ...] = ()
-    cors_origins: str = "localhost"  # loopback pages only; "*" any origin (without credentials), or a list
-    cors_methods: str = "GET, POST, DELETE, OPTIONS"
-    cors_headers: str = "*"
-    cors_credentials: bool = True
-    timeout: int = 600  # seconds a request body may take, or a response's writes stay blocked (llama-server's)
-    head_timeout: float = 10.0  # seconds for a request's head to arrive in full (slowloris)
-    shutdown_grace: float = 10.0  # seconds running requests may finish after SIGTERM / SIGINT
-    metrics: bool = False
-    slots: bool = True
-    props: bool = False
-    alias: tuple[str, ...] = ()
-    tags: tuple[str, ...] = ()  # informational, in /v1/models (llama-server's --tags)
-    kv_unified: bool = False  # the slots share one pool of n_ctx cells (--kv-unified)
-    ui: bool = True  # the page at / (--no-ui: 404)
-    responses_store: int = 256  # recent /v1/responses kept for previous_response_id (--responses-store; 0: none)
-    slot_save_path: str | None = None  # folder of /slots/{id}?action=save|restore files; None: 501
-    use_jinja: bool = True  # --jinja (llama-server's default) / --no-jinja: built-in templates only
-    chat_template: str | None = None  # --chat-template(-file): a built-in name or jinja source, over the GGUF's
-    reasoning_format: str = "auto"  # --reasoning-format: a chat request's default reasoning_format
-    enable_thinking: bool | None = None  # --reasoning on / off (None: auto, the template's default)
-    context_shift: bool = False
-    special: bool = False
-    defaults: Defaults = field(default_factory=Defaults)
-    speculation: SpeculationConfig | None = None  # drafting in every slot (each task its own drafters), or None
-    embedding: bool = False  # the embeddings routes answer (llama-server's --embedding)
-    pooling: str | None = None  # how embeddings pool (--pooling); None: the model's own type, else none
-    model_draft: str | None = None  # a draft model drafting in every slot (-md with --spec-type draft-simple)
-    draft_params: dict[str, Any] = field(default_factory=dict)  # the DraftModel's n_max, n_min, p_min, sample, seed
-    # --sleep-idle-seconds: after this many seconds without a request that uses the model, the model, its engine
-    # and KV cache are released, and loaded again for the next request that needs them (server/sleep.py); -1:
-    # never. 0 and other negative values are refused (llama-server's).
-    sleep_idle_seconds: float = -1
-
-    def __post_init__(self) -> None:
-        if self.sleep_idle_seconds == 0 or (self.sleep_idle_seconds < 0 and self.sleep_idle_seconds != -1):
-            raise ValueError(f"sleep_idle_seconds: cannot be 0 or less than -1, got {self.sleep_idle_seconds}")
 
 
 class ServerState:
@@ -148,7 +95,7 @@ class ServerState:
         served = served_model(loaded, c)
         engine = Engine(served, c.n_slots, c.n_ctx, c.n_batch, c.context_shift, c.special, c.speculation,
                         kv_unified=c.kv_unified, pooling=c.pooling or model_pooling(loaded.gguf), draft=draft,
-                        draft_params=c.draft_params)
+                        draft_params=c.draft_params, slot_prompt_similarity=c.slot_prompt_similarity)
         if self.metrics is None:
             self.metrics = engine.metrics
         engine.metrics = self.metrics
