@@ -277,3 +277,39 @@ def test_24_concurrent_requests_over_3_models_with_room_for_2(models_dir: Path):
         for (name, i, stream), g in zip(jobs, got, strict=True):  # the evicted model's texts, loaded again alone
             if name not in alive:
                 assert text_of(g) == text_of(complete(r.url, name, i, stream=stream)), (name, i)
+
+
+def test_a_model_that_does_not_load_in_time_is_a_clean_error_not_a_hang(models_dir: Path):
+    """A child that never answers its health check is stopped after ``load_timeout``; the request waiting for it
+    gets a 503 (it used to wait for ever: its queue entry still said "loading")."""
+    import sys
+
+    config = RouterConfig(server=ServerConfig(port=0), models_dir=str(models_dir), cache=False, load_timeout=1.0,
+                          command=(sys.executable, "-c", "import time; time.sleep(60)"))
+    with BackgroundRouter(config) as r:
+        t = time.monotonic()
+        e = complete(r.url, "llama3", timeout=30)
+        assert e.status_code == 503 and time.monotonic() - t < 10
+        assert e.json()["error"]["message"] == ("model 'llama3' failed to load (exit status -9): the model did not "
+                                                "load in 1 s")
+        assert list(r.models.queue) == []
+
+
+def test_a_client_that_leaves_a_non_streaming_request_frees_its_model(models_dir: Path):
+    with BackgroundRouter(RouterConfig(server=ServerConfig(port=0), models_dir=str(models_dir), cache=False,
+                                       child_args=(*CHILD, "--context-shift"))) as r:
+        load(r.url, "llama3")
+        body = {"model": "llama3", "prompt": "go", "n_predict": 10**6, "ignore_eos": True}
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(r.url + "/completion", json=body, timeout=1.0)
+        inst = r.models.table["llama3"]
+        deadline = time.monotonic() + 5
+        while inst.requests and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert inst.requests == 0  # counted off: the model may make room again
+        slots = httpx.get(r.url + "/slots", params={"model": "llama3"}, timeout=10).json()
+        deadline = time.monotonic() + 5
+        while any(s["is_processing"] for s in slots) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            slots = httpx.get(r.url + "/slots", params={"model": "llama3"}, timeout=10).json()
+        assert not any(s["is_processing"] for s in slots)  # the child stopped generating for nobody

@@ -154,6 +154,8 @@ def test_the_throughput_window_is_reported_once_across_a_sleep(sleepy):
 
 def test_sleeping_releases_the_model_engine_and_cache(sleepy):
     assert call(sleepy, "POST", "/tokenize", {"content": "Hello"}).status == 200
+    # the visualizer's trace context goes with the engine (it held the first model for good)
+    assert call(sleepy, "POST", "/sampling/trace", {"prompt": "Hello", "n_top": 2}).status == 200
     model, engine = weakref.ref(sleepy.state.model), weakref.ref(sleepy.state.engine)
     ctx = weakref.ref(sleepy.state.engine.ctx)
     wait_asleep(sleepy)

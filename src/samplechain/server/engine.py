@@ -80,6 +80,7 @@ class Engine:
 
             self.n_scores = n_cls_out(model.gguf)
         self.draft_ctx = None
+        self.trace_context: Any = None  # /sampling/trace's context, made on the engine thread at the first trace
         if draft is not None:
             from samplechain.speculative.draft_model import DraftModel
 

@@ -77,6 +77,7 @@ class Instance:
     stopping: bool = False
     sleeping: bool = False  # its child unloaded its model after --sleep-idle-seconds (it reloads by itself)
     failed: bool = False
+    fail_on_exit: bool = False  # stopped because it did not load in time: its exit is a failure
     exit_code: int | None = None
     info: dict[str, Any] = field(default_factory=dict)  # the child's /v1/models entry
     log: collections.deque = field(default_factory=lambda: collections.deque(maxlen=20))
@@ -155,7 +156,8 @@ class Models:
         """An event for ``/models/sse`` subscribers, and a wake-up for everything waiting on the table."""
         message = {"model": model, "event": event, **({"data": data} if data is not None else {})}
         for q in self.subscribers:
-            q.put_nowait(message)
+            with contextlib.suppress(asyncio.QueueFull):  # a subscriber that does not read loses events
+                q.put_nowait(message)
         self.changed.set()
 
     def set_status(self, name: str, status: str) -> None:
@@ -206,7 +208,7 @@ class Models:
         running = [i for i in self.table.values() if i.running]
         n_stopping = sum(1 for i in running if i.stopping)
         n_needed = sum(1 for e in self.queue if not e.loading)
-        n_claimed = sum(1 for e in self.queue if e.loading and not self.table[e.name].running)
+        n_claimed = sum(1 for e in self.queue if e.loading and e.name in self.table and not self.table[e.name].running)
         n_free = self.config.models_max - len(running) + n_stopping - n_claimed
         while n_free < n_needed:
             name = self.victim()
@@ -259,9 +261,11 @@ class Models:
                     return inst  # counted before it leaves the queue: nothing can stop it in between
                 if inst.status == "loading":
                     saw_loading = True
-                elif inst.status == "unloaded" and saw_loading and inst.failed:
-                    raise APIError(503, f"model '{name}' failed to load (exit status {inst.exit_code})"
-                                        f"{': ' + inst.log[-1] if inst.log else ''}", "unavailable_error")
+                elif inst.status == "unloaded" and saw_loading:
+                    if inst.failed:
+                        raise APIError(503, f"model '{name}' failed to load (exit status {inst.exit_code})"
+                                            f"{': ' + inst.log[-1] if inst.log else ''}", "unavailable_error")
+                    raise APIError(503, f"model '{name}' was stopped while it loaded", "unavailable_error")
                 if not queued and (inst.status == "unloaded" or inst.stopping):
                     self.join(name)  # the next instance serves it
                     self.tick()
@@ -269,13 +273,14 @@ class Models:
                 if await gone():
                     raise APIError(499, "the client left while the model was loading")
                 if inst.status == "unloaded" and not inst.stopping and self.try_claim(name):
-                    ok = True
+                    ok = False
                     try:
                         await self.load(name)
-                        saw_loading = True
+                        saw_loading = ok = True
                     except APIError:
-                        ok = False
-                    self.claim_done(name, ok)
+                        pass
+                    finally:
+                        self.claim_done(name, ok)  # also when cancelled: the next waiter may claim it
                     self.tick()
                     continue
                 await self.wait_change()
@@ -304,7 +309,7 @@ class Models:
             victim = self.victim()
             if victim is not None:
                 self.stop(victim)
-                while self.table[victim].running:
+                while victim in self.table and self.table[victim].running:
                     await self.wait_change()
         if inst.status != "unloaded" or inst.stopping:
             return
@@ -313,9 +318,13 @@ class Models:
                                    "later", "unavailable_error")
         inst.args = self.child_argv(inst)
         inst.failed, inst.exit_code, inst.info, inst.url, inst.sleeping = False, None, {}, None, False
+        inst.fail_on_exit = False
         inst.last_used = time.monotonic()
         inst.loads += 1
         self.set_status(name, "loading")
+        global _PRCTL
+        if _PRCTL is None:
+            _PRCTL = _parent_death_signal()
         try:
             inst.process = await asyncio.create_subprocess_exec(
                 *inst.args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
@@ -326,6 +335,9 @@ class Models:
             inst.log.append(f"cannot start {inst.args[0]}: {e.strerror}")
             self.set_status(name, "unloaded")
             raise APIError(503, f"model '{name}' could not be started: {e.strerror}", "unavailable_error") from None
+        except BaseException:  # cancelled while starting it: nothing runs, so nothing counts
+            self.set_status(name, "unloaded")
+            raise
         self.spawn(self.watch(name, inst.process))
 
     def spawn(self, coro: Any) -> None:
@@ -340,7 +352,10 @@ class Models:
         ready = self.spawn_ready_check(name, process)
         assert process.stdout is not None
         while True:
-            line = await process.stdout.readline()
+            try:
+                line = await process.stdout.readline()
+            except ValueError:  # a line past the reader's limit: its next part
+                line = await process.stdout.read(1 << 16)
             if not line:
                 break
             text = line.decode("utf-8", "replace").rstrip()
@@ -354,8 +369,11 @@ class Models:
         ready.cancel()
         if inst.process is not process:
             return
-        inst.failed = not inst.stopping  # an exit nobody asked for
+        inst.failed = not inst.stopping or inst.fail_on_exit  # an exit nobody asked for, or a load that timed out
         inst.exit_code = code
+        entry = self.queued(name)
+        if entry is not None:
+            entry.loading = False  # its waiters see it unloaded: they fail, or the next one loads it again
         inst.process, inst.url, inst.stopping = None, None, False
         self.set_status(name, "unloaded")
         self.tick()
@@ -391,6 +409,7 @@ class Models:
                 await asyncio.sleep(0.05)
         if inst.process is process:
             inst.log.append(f"the model did not load in {self.config.load_timeout:g} s")
+            inst.fail_on_exit = True
             self.stop(name, force=True)
 
     def stop(self, name: str, force: bool = False) -> None:
@@ -479,6 +498,7 @@ class Models:
         except FileNotFoundError as e:
             raise APIError(404, str(e), "not_found_error") from None
         self.table.pop(name, None)
+        self.queue = collections.deque(e for e in self.queue if e.name != name)
         self.notify("model_remove", name)
 
     # --- the listing ------------------------------------------------------------------------------------------
@@ -537,14 +557,24 @@ def cached_file(repo: str) -> str | None:
         return None
 
 
-def _die_with_parent() -> None:
-    """In the child, before it runs: SIGTERM when the router dies, however it dies (Linux's PR_SET_PDEATHSIG), so
-    no model process outlives its router."""
+_PRCTL: Any = None  # libc's prctl, looked up in the router (a child between fork and exec imports nothing)
+
+
+def _parent_death_signal() -> Any:
+    """libc's ``prctl`` (Linux), or a function that does nothing."""
     if sys.platform.startswith("linux"):
         import ctypes
 
         with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+            return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    return lambda *args: 0
+
+
+def _die_with_parent() -> None:
+    """In the child, before it runs: SIGTERM when the router dies, however it dies (Linux's PR_SET_PDEATHSIG), so
+    no model process outlives its router."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)
 
 
 def sse_line(message: dict[str, Any]) -> bytes:

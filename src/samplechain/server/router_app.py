@@ -28,6 +28,7 @@ from samplechain.server.state import ServerState
 
 READ_ONLY = ("GET", "HEAD")
 KEEPALIVE = 10.0  # seconds between comments on an idle /models/sse stream (a client that left is noticed)
+SSE_BACKLOG = 1024  # events kept for a /models/sse client that reads slowly (later ones are dropped for it)
 
 
 def create_router_app(models: Models, config: RouterConfig) -> FastAPI:
@@ -119,7 +120,7 @@ def create_router_app(models: Models, config: RouterConfig) -> FastAPI:
 
     @app.get("/models/sse")
     async def events(request: Request) -> Response:
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: asyncio.Queue = asyncio.Queue(maxsize=SSE_BACKLOG)
         models.subscribers.add(queue)
 
         async def stream() -> AsyncIterator[bytes]:
@@ -214,16 +215,20 @@ async def forward(request: Request, base: str, key: str, body: bytes, release: A
     url = base + path + (f"?{request.url.query}" if request.url.query else "")
     dead = APIError(502, f"the instance of model '{name}' stopped before it answered", "server_error")
     try:
-        answer = await client.send(client.build_request(request.method, url, headers=headers, content=body),
-                                   stream=True)
+        answer = await _unless_gone(request, client.send(
+            client.build_request(request.method, url, headers=headers, content=body), stream=True))
     except httpx.HTTPError:
         await client.aclose()
         release()
         raise dead from None
+    except BaseException:  # the client left (or the router is stopping): closing the connection stops the child
+        await client.aclose()
+        release()
+        raise
     kept = [(k, v) for k, v in answer.headers.items() if k.lower() not in relay.HOP_HEADERS]
     if not answer.headers.get("content-type", "").startswith("text/event-stream"):
         try:
-            data = await _read_unless_gone(request, answer)
+            data = await _unless_gone(request, answer.aread())
         except httpx.HTTPError:
             raise dead from None
         finally:
@@ -248,19 +253,22 @@ async def forward(request: Request, base: str, key: str, body: bytes, release: A
     return StreamingResponse(chunks(), status_code=answer.status_code, headers=dict(kept))
 
 
-async def _read_unless_gone(request: Request, answer: Any) -> bytes:
-    """The whole body; when the client leaves first, the read is dropped (closing the child's connection stops its
-    work) and APIError 499."""
-    read = asyncio.ensure_future(answer.aread())
-    while True:
-        done, _ = await asyncio.wait({read}, timeout=0.25)
-        if done:
-            return read.result()
-        if await request.is_disconnected():
-            read.cancel()
+async def _unless_gone(request: Request, work: Any) -> Any:
+    """``work``'s result (the child's answer, its body); when the client leaves first, the work is dropped (closing
+    the child's connection stops what it does for it) and APIError 499."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.25)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise APIError(499, "the client left")
+    finally:
+        if not task.done():
+            task.cancel()
             with contextlib.suppress(BaseException):
-                await read
-            raise APIError(499, "the client left")
+                await task
 
 
 # --- serving ------------------------------------------------------------------------------------------------------

@@ -38,7 +38,6 @@ def router(state: Any) -> APIRouter:
     """``POST /sampling/trace``, the page at ``/`` and its assets, over ``state``'s model and engine."""
     routes = APIRouter()
     config = state.config
-    holder: dict[str, Any] = {}  # the trace context, made on the engine thread at the first trace
 
     def static(name: str) -> Response:
         path = STATIC_DIR / name
@@ -76,9 +75,9 @@ def router(state: Any) -> APIRouter:
         def run() -> Any:  # on the engine thread
             from samplechain.trace import TraceContext, trace
 
-            ctx = holder.get("ctx")
+            ctx = engine.trace_context  # the engine's (it goes with the engine when the model sleeps)
             if ctx is None:
-                ctx = holder["ctx"] = TraceContext(model, n_ctx, n_batch=config.n_batch)
+                ctx = engine.trace_context = TraceContext(model, n_ctx, n_batch=config.n_batch)
             return trace(model, tokens, params, n_top=n_top, steps=steps, generated=generated, context=ctx,
                          sampler=sampler, last_only=last_only)
 
