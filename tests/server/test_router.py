@@ -287,9 +287,8 @@ def test_a_model_that_does_not_load_in_time_is_a_clean_error_not_a_hang(models_d
     config = RouterConfig(server=ServerConfig(port=0), models_dir=str(models_dir), cache=False, load_timeout=1.0,
                           command=(sys.executable, "-c", "import time; time.sleep(60)"))
     with BackgroundRouter(config) as r:
-        t = time.monotonic()
-        e = complete(r.url, "llama3", timeout=30)
-        assert e.status_code == 503 and time.monotonic() - t < 10
+        e = complete(r.url, "llama3", timeout=120)  # a hang would be the client's timeout
+        assert e.status_code == 503
         assert e.json()["error"]["message"] == ("model 'llama3' failed to load (exit status -9): the model did not "
                                                 "load in 1 s")
         assert list(r.models.queue) == []

@@ -110,6 +110,7 @@ class Models:
         self.subscribers: set[asyncio.Queue] = set()  # /models/sse
         self.tasks: set[asyncio.Task] = set()
         self.downloads: dict[str, asyncio.Task] = {}  # POST /models, by model id
+        self._http: Any = None  # the client of every request to the children (``http``)
         self.reload()
 
     # --- the list ---------------------------------------------------------------------------------------------
@@ -169,6 +170,18 @@ class Models:
         self.changed.clear()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.changed.wait(), timeout)
+
+    @property
+    def http(self) -> Any:
+        """One HTTP client for everything the router asks its children (made on first use, on the router's loop):
+        its connections are pooled, and plain HTTP to 127.0.0.1 needs no certificates (loading them took seconds
+        on a busy machine, for every request)."""
+        if self._http is None:
+            import httpx2 as httpx
+
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), verify=False,
+                                           limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        return self._http
 
     # --- the scheduler ----------------------------------------------------------------------------------------
 
@@ -391,22 +404,22 @@ class Models:
 
         inst = self.table[name]
         deadline = time.monotonic() + self.config.load_timeout
-        async with httpx.AsyncClient(timeout=5.0) as client:
-            while inst.process is process and time.monotonic() < deadline:
-                if inst.url is not None:
-                    try:
-                        r = await client.get(inst.url + "/health")
-                        if r.status_code == 200:
-                            m = await client.get(inst.url + "/v1/models",
-                                                 headers={"authorization": f"Bearer {self.key}"})
-                            data = m.json().get("data") if m.status_code == 200 else None
-                            inst.info = data[0] if isinstance(data, list) and data else {}
-                            if inst.process is process and inst.status == "loading":
-                                self.set_status(name, "loaded")
-                            return
-                    except (httpx.HTTPError, ValueError):
-                        pass
-                await asyncio.sleep(0.05)
+        client = self.http
+        while inst.process is process and time.monotonic() < deadline:
+            if inst.url is not None:
+                try:
+                    r = await client.get(inst.url + "/health", timeout=5.0)
+                    if r.status_code == 200:
+                        m = await client.get(inst.url + "/v1/models", timeout=5.0,
+                                             headers={"authorization": f"Bearer {self.key}"})
+                        data = m.json().get("data") if m.status_code == 200 else None
+                        inst.info = data[0] if isinstance(data, list) and data else {}
+                        if inst.process is process and inst.status == "loading":
+                            self.set_status(name, "loaded")
+                        return
+                except (httpx.HTTPError, ValueError):
+                    pass
+            await asyncio.sleep(0.05)
         if inst.process is process:
             inst.log.append(f"the model did not load in {self.config.load_timeout:g} s")
             inst.fail_on_exit = True
@@ -450,6 +463,9 @@ class Models:
                 with contextlib.suppress(ProcessLookupError):
                     p.kill()
                 await p.wait()
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
 
     # --- the hub cache: downloads (POST /models) and removals (DELETE /models) -------------------------------------
 
@@ -513,13 +529,13 @@ class Models:
 
         async def ask(client: Any, inst: Instance) -> None:
             try:
-                r = await client.get(inst.url + "/props", headers={"authorization": f"Bearer {self.key}"})
+                r = await client.get(inst.url + "/props", headers={"authorization": f"Bearer {self.key}"},
+                                     timeout=2.0)
                 inst.sleeping = bool(r.json().get("is_sleeping")) if r.status_code == 200 else inst.sleeping
             except (httpx.HTTPError, ValueError, AttributeError):
                 pass
 
-        async with httpx.AsyncClient(timeout=2.0) as client:
-            await asyncio.gather(*(ask(client, i) for i in loaded))
+        await asyncio.gather(*(ask(self.http, i) for i in loaded))
 
     def listing(self) -> list[dict[str, Any]]:
         """``/models``' entries (llama-server's ``get_router_models``)."""

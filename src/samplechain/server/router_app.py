@@ -196,13 +196,14 @@ async def relay_request(request: Request, models: Models, config: RouterConfig) 
     try:
         if config.delay:
             await asyncio.sleep(config.delay)
-        return await forward(request, inst.url, models.key, body, release, name)
+        return await forward(request, models.http, inst.url, models.key, body, release, name)
     except BaseException:
         release()
         raise
 
 
-async def forward(request: Request, base: str, key: str, body: bytes, release: Any, name: str) -> Response:
+async def forward(request: Request, client: Any, base: str, key: str, body: bytes, release: Any,
+                  name: str) -> Response:
     """One request to a child, its answer relayed: a stream chunk by chunk (cut by the child's death: the API's
     final error event), anything else whole. The child's work stops when the client leaves."""
     import httpx2 as httpx
@@ -211,18 +212,15 @@ async def forward(request: Request, base: str, key: str, body: bytes, release: A
     headers = [(k, v) for k, v in request.headers.items()
                if k.lower() not in relay.HOP_HEADERS and k.lower() not in ("authorization", "x-api-key")]
     headers.append(("authorization", f"Bearer {key}"))
-    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
     url = base + path + (f"?{request.url.query}" if request.url.query else "")
     dead = APIError(502, f"the instance of model '{name}' stopped before it answered", "server_error")
     try:
         answer = await _unless_gone(request, client.send(
             client.build_request(request.method, url, headers=headers, content=body), stream=True))
     except httpx.HTTPError:
-        await client.aclose()
         release()
         raise dead from None
-    except BaseException:  # the client left (or the router is stopping): closing the connection stops the child
-        await client.aclose()
+    except BaseException:  # the client left (or the router is stopping): the dropped connection stops the child
         release()
         raise
     kept = [(k, v) for k, v in answer.headers.items() if k.lower() not in relay.HOP_HEADERS]
@@ -233,7 +231,6 @@ async def forward(request: Request, base: str, key: str, body: bytes, release: A
             raise dead from None
         finally:
             await answer.aclose()
-            await client.aclose()
             release()
         return Response(content=data, status_code=answer.status_code, headers=dict(kept))
 
@@ -246,8 +243,7 @@ async def forward(request: Request, base: str, key: str, body: bytes, release: A
         except httpx.HTTPError:
             yield tail.final_event(dead)
         finally:
-            await answer.aclose()
-            await client.aclose()
+            await answer.aclose()  # unread: its connection is closed, which stops the child's work
             release()
 
     return StreamingResponse(chunks(), status_code=answer.status_code, headers=dict(kept))
