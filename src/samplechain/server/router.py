@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import json
 import os
 import re
 import secrets
@@ -353,16 +352,18 @@ class Models:
             raise
         self.spawn(self.watch(name, inst.process))
 
-    def spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> asyncio.Task:
+        """A task of the router's, kept until it ends (the loop holds tasks only weakly)."""
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        return task
 
     async def watch(self, name: str, process: asyncio.subprocess.Process) -> None:
         """A child's life: its output (kept, and echoed with its name), ``loaded`` when its model is, ``unloaded``
         when it exits (``failed`` unless it was asked to stop)."""
         inst = self.table[name]
-        ready = self.spawn_ready_check(name, process)
+        ready = self.spawn(self.ready_check(name, process))
         assert process.stdout is not None
         while True:
             try:
@@ -390,12 +391,6 @@ class Models:
         inst.process, inst.url, inst.stopping = None, None, False
         self.set_status(name, "unloaded")
         self.tick()
-
-    def spawn_ready_check(self, name: str, process: asyncio.subprocess.Process) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(self.ready_check(name, process))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        return task
 
     async def ready_check(self, name: str, process: asyncio.subprocess.Process) -> None:
         """Poll the child's ``/health`` until its model is loaded (then ``loaded``, with its ``/v1/models`` entry);
@@ -492,10 +487,7 @@ class Models:
             self.reload()
             self.notify("download_finished", name, {"path": path})
 
-        task = loop.create_task(run())
-        self.downloads[name] = task
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self.downloads[name] = self.spawn(run())
 
     async def remove(self, name: str) -> None:
         """Remove a cached model's files (only the hub cache's: a folder's or a preset's model stays); a running
@@ -592,6 +584,3 @@ def _die_with_parent() -> None:
     if _PRCTL is not None:
         _PRCTL(1, signal.SIGTERM)
 
-
-def sse_line(message: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(message, separators=(",", ":")).encode() + b"\n\n"

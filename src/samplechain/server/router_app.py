@@ -22,8 +22,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from samplechain.server import relay
 from samplechain.server.limits import APIError
-from samplechain.server.responses import error_body, reply
-from samplechain.server.router import Models, RouterConfig, sse_line
+from samplechain.server.responses import error_body, reply, sse
+from samplechain.server.router import Models, RouterConfig
 from samplechain.server.state import ServerState
 
 READ_ONLY = ("GET", "HEAD")
@@ -132,7 +132,7 @@ def create_router_app(models: Models, config: RouterConfig) -> FastAPI:
                     except asyncio.TimeoutError:
                         yield b": keep-alive\n\n"
                         continue
-                    yield sse_line(message)
+                    yield sse(message)
             finally:
                 models.subscribers.discard(queue)
 
