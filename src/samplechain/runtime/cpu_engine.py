@@ -40,7 +40,7 @@ from samplechain.runtime.weights import ENGINE_TYPES, GROUP, Linear, Part
 TILE = 16
 F32, W4, W8, W5, W6, F16, BF16 = 0, 1, 2, 3, 4, 5, 6  # weight kinds
 SF32, SF16, SK = 0, 1, 2  # how an integer kind's scales are kept
-ISAS = {"generic": 0, "avx2": 1, "avx512vnni": 2}  # 16-bit activations: one family, the same bits
+ISAS = {"generic": 0, "avx2": 1, "avx512vnni": 2, "amx": 5}  # 16-bit activations: one family, the same bits
 Q8_ISAS = {"generic-q8": 3, "avx2-q8": 4}  # 8-bit activations (llama.cpp's numerics): their own family
 ALL_ISAS = {**ISAS, **Q8_ISAS}
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-pthread", "-fPIC", "-shared"]

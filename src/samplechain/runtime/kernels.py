@@ -3,8 +3,8 @@
 On CUDA the candidates are ``cuda-graph`` (decode steps replayed as CUDA graphs, float32), ``cuda-graph-tf32`` (the
 same with TF32 matrix products) and ``cuda-eager``.
 
-Candidates on the CPU: the compiled engine's kernel variants (``c-avx512vnni``, ``c-avx2``, ``c-generic``: the same
-bits, batch-invariant) and torch's paths (``torch-int4-f32``, ``torch-int4-bf16``: torch's int4 kernel with float32 or
+Candidates on the CPU: the compiled engine's kernel variants (``c-amx``: AMX tile products for several tokens, the
+AVX-512 code for one; ``c-avx512vnni``, ``c-avx2``, ``c-generic``: the same bits, batch-invariant) and torch's paths (``torch-int4-f32``, ``torch-int4-bf16``: torch's int4 kernel with float32 or
 bfloat16 activations; ``torch-dense``: the dequantized reference). At first use for a machine and a model's matrices
 (their shapes and weight kinds: models that share them share the choice) the compiled engine's variants this CPU can
 run are checked to give the same bits and timed in two rounds on the model's real shapes: a quick one (a few decode
@@ -73,6 +73,7 @@ CUDA_CANDIDATES: dict[str, tuple[Callable[[Transformer], Transformer], bool]] = 
 }
 CPU_CANDIDATES: dict[str, tuple[Callable[[Transformer], Transformer], bool]] = {
     # name: (build, batch-invariant)
+    "c-amx": (_c("amx"), True),
     "c-avx512vnni": (_c("avx512vnni"), True),
     "c-avx2": (_c("avx2"), True),
     "c-generic": (_c("generic"), True),

@@ -3,7 +3,7 @@
    Every output value is reduced in one fixed order that does not depend on how many tokens share the call:
    - matrix products keep 16 output rows in SIMD lanes and walk the input in 32-element blocks, one block after the
      other; a block's integer dot product is exact (int32), the float accumulation across blocks is sequential;
-   - the kernel variants (AVX-512 VNNI, AVX2, portable C) compute the same exact integer sums and the same
+   - the kernel variants (AMX, AVX-512 VNNI, AVX2, portable C) compute the same exact integer sums and the same
      float operations in the same order, so they give the same bits; the runtime times them and keeps the fastest;
    - attention sums over KV cells in cell order; norms reduce in 16 fixed lanes then a fixed tree.
    Compiled with -ffp-contract=off (no implicit FMA) and without -ffast-math (no reassociation); FMAs are explicit.
@@ -47,6 +47,8 @@
 #include <sched.h>
 #include <signal.h>
 #include <time.h>
+#include <unistd.h>
+#include <sys/syscall.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -277,11 +279,17 @@ int sc_pool_workers(void) {
 
 enum { SC_F32 = 0, SC_W4 = 1, SC_W8 = 2, SC_W5 = 3, SC_W6 = 4, SC_F16 = 5, SC_BF16 = 6 };
 enum { SC_SF32 = 0, SC_SF16 = 1, SC_SK = 2 };  /* how an integer kind's scales are stored */
-enum { SC_GENERIC = 0, SC_AVX2 = 1, SC_AVX512VNNI = 2, SC_GENERIC_Q8 = 3, SC_AVX2_Q8 = 4 };
+enum { SC_GENERIC = 0, SC_AVX2 = 1, SC_AVX512VNNI = 2, SC_GENERIC_Q8 = 3, SC_AVX2_Q8 = 4, SC_AMX = 5 };
 /* the _Q8 variants quantize activations to 8 bits (llama.cpp's numerics): their own family of identical bits */
 static int is_q8(int isa) { return isa == SC_GENERIC_Q8 || isa == SC_AVX2_Q8; }
-static int base_isa(int isa) { return isa == SC_GENERIC_Q8 ? SC_GENERIC : isa == SC_AVX2_Q8 ? SC_AVX2 : isa; }
+/* the variant whose code runs where a variant has none of its own (AMX: one token, float weights: AVX-512) */
+static int base_isa(int isa) {
+    return isa == SC_GENERIC_Q8 ? SC_GENERIC : isa == SC_AVX2_Q8 ? SC_AVX2 : isa == SC_AMX ? SC_AVX512VNNI : isa;
+}
 #define QK_K 256
+#define AMX_ROWS 16   /* AMX: tokens per tile product */
+#define AMX_CHUNK 64  /* AMX: tokens per weight block unpacked */
+#define AMX_MIN 8     /* AMX: fewer tokens in a call take the AVX-512 code (the same bits) */
 
 typedef struct sc_linear {
     int32_t kind, n_out, n_in, pad;
@@ -316,6 +324,8 @@ typedef struct {
 typedef struct {
     int16_t *q; float *d; int32_t *s;  /* per token: n_in int16, n_in/32 scales and sums */
     int n_in;
+    int8_t *amx;  /* AMX: q = 256 * hi + lo as tiles: per 16 tokens and block, per token 32 hi then 32 lo bytes */
+    float *ms;    /* AMX: per token and block d * sum(q), the minima's factor (the same product as the others') */
 } q16_rows;
 
 #if defined(__x86_64__)
@@ -1074,6 +1084,185 @@ static void tile_avx512vnni(const sc_linear *L, int t, const int16_t *xq, const 
                             float *out) {
     tiles_avx512vnni(L, t, &xq, &xd, &xs, 1, &out);
 }
+
+/* AMX (Advanced Matrix Extensions: TDPBSSD / TDPBUSD, 16 x 16 int32 sums of int8 products per instruction), for
+   several tokens at once. A 16-bit activation is q = 256 * hi + lo with hi = q >> 8 (signed byte) and lo = q & 255
+   (unsigned byte), so a block's sum over its inputs, sum(w * q) = 256 * sum(w * hi) + sum(w * lo), comes from int8
+   tile products as the same exact int32 as the other variants' (|256 * sum(w * hi)| < 2^27); the float steps that
+   follow are tile_generic's, in its order, token by token. Weights are q = u - zero in [-128, 127] for every kind.
+   A token's block is one 64-byte tile row, its 32 hi bytes then its 32 lo bytes, the rows of 16 tokens' block
+   side by side (amx_split: one contiguous kilobyte per tile, where rows a token apart fell in one cache set), times two
+   weight tiles of 16 rows of 4 inputs: the block's weights in rows 0-7 and zeros in 8-15 give sum(w * hi) (TDPBSSD:
+   signed bytes), zeros then the weights give sum(w * lo) (TDPBUSD: the token's bytes unsigned); W6 takes a pair of
+   such tiles per 16-input half, whose scale is its own. Tiles: 0-2 and 3-5 two sets of (hi sums, lo sums, tokens),
+   so that one group of 16 tokens is multiplied while the previous group's sums are scaled; 6-7 the weights. */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+typedef struct {
+    uint8_t palette, start;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+/* Linux hands out the tile registers' state only to a process that asks (once; every thread then may use them) */
+static int amx_permitted(void) {
+    static int state = 0; /* 0 unknown, 1 granted, -1 refused */
+    int s = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
+    if (s == 0) {
+        s = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
+        __atomic_store_n(&state, s, __ATOMIC_RELEASE);
+    }
+    return s == 1;
+}
+
+/* the calling thread's tiles: eight of 16 rows x 64 bytes (the configuration is per thread) */
+static void amx_configure(void) {
+    static __thread int configured = 0;
+    if (configured) return;
+    amx_permitted();  /* granted already when the variant was checked; asked here for callers that did not check */
+    amx_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 8; i++) c.rows[i] = AMX_ROWS, c.colsb[i] = 64;
+    /* not _tile_loadconfig: GCC 12's macro tells the compiler it reads 8 bytes, which then drops the other stores */
+    __asm__ volatile("ldtilecfg %0" : : "m"(c));
+    configured = 1;
+}
+
+/* A block's weights as signed bytes in tile rows (row s, byte 4r + i: output row r, input 4s + i) with zero rows
+   around, so that a tile read at an offset has them in the rows wanted: w[512 + 64 s + 4 r + i], zeros in w[0, 512)
+   and w[1024, 1536). W6: half h's 4 rows at w + AMX_HALF * h + 1024, zeros 1024 bytes before and after. */
+#define AMX_HALF 2304
+#define AMX_W (2 * AMX_HALF)
+__attribute__((target("avx512f,avx512bw"), always_inline))
+static inline void amx_weights(const sc_linear *L, size_t blk, const int kind, int8_t *w) {
+    const __m512i z = _mm512_set1_epi8((char)L->zero), nib = _mm512_set1_epi8(15);
+    int8_t *out = w + 512;
+    if (kind == SC_W8) {
+        const uint8_t *p = L->q + blk * 512;
+        for (int s = 0; s < 8; s++)
+            _mm512_store_si512(out + 64 * s, _mm512_sub_epi8(_mm512_loadu_si512(p + 64 * s), z));
+        return;
+    }
+    const uint8_t *p = L->q + blk * block_bytes(kind);
+    for (int k = 0; k < 4; k++) {
+        __m512i v = _mm512_loadu_si512(p + 64 * k);
+        __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+        if (kind == SC_W5) {
+            const __m512i one = _mm512_set1_epi8(1);
+            __m512i hb = _mm512_loadu_si512(p + 256);
+            lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * k), one), 4));
+            hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * k + 1), one), 4));
+        } else if (kind == SC_W6) {
+            const __m512i three = _mm512_set1_epi8(3);
+            __m512i hb = _mm512_loadu_si512(p + 256 + 64 * (k >> 1));
+            int sh = 4 * (k & 1);
+            lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, sh), three), 4));
+            hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, sh + 2), three), 4));
+        }
+        int8_t *o = kind == SC_W6 ? w + AMX_HALF * (k >> 1) + 1024 + 128 * (k & 1) : out + 128 * k;
+        _mm512_store_si512(o, _mm512_sub_epi8(lo, z));      /* inputs 8k..8k+3 */
+        _mm512_store_si512(o + 64, _mm512_sub_epi8(hi, z)); /* inputs 8k+4..8k+7 */
+    }
+}
+
+/* One group of 16 tokens' sums of a block (half h for W6) into tile set `set` and out to hi[16][16] / lo[16][16]:
+   the tokens' rows at a (stride ld), the weights' tiles already loaded (6: hi part, 7: lo part). The tile numbers
+   must be constants, hence the two copies. */
+#define AMX_GROUP(C0, C1, A)                                                                                        \
+    do {                                                                                                          \
+        _tile_loadd(A, a, ld);                                                                                    \
+        _tile_zero(C0);                                                                                           \
+        _tile_zero(C1);                                                                                           \
+        _tile_dpbssd(C0, A, 6);                                                                                   \
+        _tile_dpbusd(C1, A, 7);                                                                                   \
+        _tile_stored(C0, hi, 64);                                                                                 \
+        _tile_stored(C1, lo, 64);                                                                                 \
+    } while (0)
+
+__attribute__((target("amx-tile,amx-int8")))
+static inline void amx_group(int set, const int8_t *a, size_t ld, int32_t *hi, int32_t *lo) {
+    if (set)
+        AMX_GROUP(3, 4, 5);
+    else
+        AMX_GROUP(0, 1, 2);
+}
+
+/* tokens [0, m) (m <= AMX_CHUNK) of xq x one tile; out[j] is token j's 16 values. Units, in order: per block (W6:
+   per half), per group of 16 tokens. A unit's products are issued AMX_AHEAD units before its sums are scaled, so
+   that the tile stores have landed when they are read; rows past m are padding, computed and dropped. */
+#define AMX_AHEAD 2
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma,amx-tile,amx-int8"), always_inline))
+static inline void tiles_amx_kind(const sc_linear *L, int t, const q16_rows *xq, int m, float *const *out,
+                                  const int kind) {
+    const int nb = L->n_in / QK, halves = kind == SC_W6 ? 2 : 1, groups = (m + AMX_ROWS - 1) / AMX_ROWS;
+    const int units = nb * halves * groups;
+    amx_configure();
+    __m512 acc[AMX_CHUNK];
+    for (int j = 0; j < groups * AMX_ROWS; j++) acc[j] = _mm512_setzero_ps();
+    int8_t w[AMX_W] __attribute__((aligned(64)));
+    memset(w, 0, sizeof w);
+    int32_t sums[AMX_AHEAD + 1][2][AMX_ROWS][TILE] __attribute__((aligned(64)));  /* [unit % 3][hi, lo] */
+    __m512 dv[AMX_AHEAD + 1][2], mv[AMX_AHEAD + 1];  /* [block % 3] */
+    for (int u = -AMX_AHEAD; u < units; u++) {
+        int v = u + AMX_AHEAD;
+        if (v < units) {  /* unit v's products */
+            int g = v % groups, bh = v / groups, b = bh / halves, h = bh % halves;
+            if (g == 0) {
+                if (h == 0) {
+                    amx_weights(L, (size_t)t * nb + b, kind, w);
+                    mv[b % 3] = _mm512_setzero_ps();
+                    scales_avx512(L, t, b, dv[b % 3], &mv[b % 3]);
+                }
+                /* the weights in tile rows 0-7 (hi) / 8-15 (lo); W6: half h's in rows 4h.. (hi) / 8 + 4h.. (lo) */
+                const int8_t *wh = halves == 2 ? w + AMX_HALF * h + 1024 - 256 * h : w + 512;
+                _tile_loadd(6, wh, 64);
+                _tile_loadd(7, wh - 512, 64);
+            }
+            amx_group(v & 1, xq->amx + ((size_t)g * nb + b) * 1024, 64, sums[v % 3][0][0], sums[v % 3][1][0]);
+        }
+        if (u < 0) continue;
+        int g = u % groups, bh = u / groups, b = bh / halves, h = bh % halves;
+        const int with_m = L->m && h == halves - 1;
+        const __m512 d = dv[b % 3][h], mb = mv[b % 3];
+        const float *xd = xq->d + (size_t)g * AMX_ROWS * nb + b, *xms = xq->ms + (size_t)g * AMX_ROWS * nb + b;
+        __m512 *ac = acc + g * AMX_ROWS;
+        int32_t (*su)[AMX_ROWS][TILE] = sums[u % 3];
+#pragma GCC unroll 16
+        for (int j = 0; j < AMX_ROWS; j++) {
+            __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(su[0][j]), 8),
+                                           _mm512_load_si512(su[1][j]));
+            __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(xd[(size_t)j * nb])),
+                                       ac[j]);
+            ac[j] = with_m ? _mm512_fmadd_ps(mb, _mm512_set1_ps(xms[(size_t)j * nb]), a) : a;
+        }
+    }
+    for (int j = 0; j < m; j++) _mm512_storeu_ps(out[j], acc[j]);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma,amx-tile,amx-int8")))
+static void tiles_amx(const sc_linear *L, int t, const q16_rows *xq, int m, float *const *out) {
+    BY_KIND(L->kind, tiles_amx_kind, L, t, xq, m, out);
+}
+
+/* q16 rows [begin, end) as AMX tiles: token i's block b at ((i / 16) * nb + b) * 1024 + (i % 16) * 64, its 32 hi
+   bytes then its 32 lo bytes; and each block's d * sum(q) */
+__attribute__((target("avx512f,avx512bw")))
+static void amx_split(const q16_rows *xq, int begin, int end) {
+    size_t n_in = (size_t)xq->n_in, nb = n_in / QK;
+    for (size_t i = (size_t)begin * nb; i < (size_t)end * nb; i++) xq->ms[i] = xq->d[i] * (float)xq->s[i];
+    for (size_t i = (size_t)begin; i < (size_t)end; i++) {
+        int8_t *row = xq->amx + (i / AMX_ROWS) * nb * 1024 + (i % AMX_ROWS) * 64;
+        for (size_t b = 0; b < nb; b++) {
+            __m512i v = _mm512_loadu_si512(xq->q + i * n_in + b * QK);
+            _mm256_storeu_si256((__m256i *)(row + b * 1024), _mm512_cvtepi16_epi8(_mm512_srai_epi16(v, 8)));
+            _mm256_storeu_si256((__m256i *)(row + b * 1024 + 32),
+                                _mm512_cvtepi16_epi8(_mm512_and_si512(v, _mm512_set1_epi16(255))));
+        }
+    }
+}
 #endif
 
 typedef void (*tile_fn)(const sc_linear *, int, const int16_t *, const float *, const int32_t *, float *);
@@ -1090,9 +1279,16 @@ static tile_fn tile_kernel(int isa) {
 int sc_isa_supported(int isa) {
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    if (isa == SC_AVX512VNNI)
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma");
+    if (isa == SC_AVX512VNNI || isa == SC_AMX) {
+        int ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma");
+        if (isa == SC_AMX) {  /* CPUID leaf 7: AMX-TILE (EDX bit 24) and AMX-INT8 (bit 25) */
+            unsigned a, b, c, d;
+            __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+            ok = ok && ((d >> 24) & 3) == 3 && amx_permitted();
+        }
+        return ok;
+    }
     if (isa == SC_AVX2 || isa == SC_AVX2_Q8)
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #endif
@@ -1233,6 +1429,18 @@ static void tile_rows(const sc_linear *L, int t, int n, const float *xf, const q
         return;
     }
 #if defined(__x86_64__)
+    if (isa == SC_AMX && n >= AMX_MIN && xq->amx) {
+        for (int i = 0; i < n; i += AMX_CHUNK) {
+            int m = n - i < AMX_CHUNK ? n - i : AMX_CHUNK;
+            float *o[AMX_CHUNK];
+            q16_rows part = *xq;
+            part.d += (size_t)i * nbq, part.ms += (size_t)i * nbq, part.amx += (size_t)i * 2 * L->n_in;
+            for (int j = 0; j < m; j++) o[j] = y + (size_t)(i + j) * ld + t * TILE;
+            tiles_amx(L, t, &part, m, o);
+        }
+        return;
+    }
+    isa = base_isa(isa);
     if ((isa == SC_AVX512VNNI || isa == SC_AVX2) && n > 1) {  /* several tokens per widened weight block */
         int group = isa == SC_AVX2 ? MULTI_AVX2 : MULTI;
         for (int i = 0; i < n; i += group) {
@@ -1267,12 +1475,17 @@ static int chain_quantized(const sc_linear *L) {
     return 0;
 }
 
-/* y[n, rows of the chain] = x[n, n_in] @ W.T: one parallel loop over the tiles of every segment (of up to 16 at a time) */
+/* y[n, rows of the chain] = x[n, n_in] @ W.T: one parallel loop over the tiles of every segment (of up to 16 at a
+   time) and, for many tokens, over chunks of TOKEN_CHUNK tokens: an item is one tile for one chunk, items of a chunk
+   are consecutive, so a thread's chunk of activations stays in its cache while the weights stream past (each weight
+   tile is read once per chunk, where a tile for every token read all the tokens' activations once per tile). A
+   token's values are computed as when alone, whatever its chunk. */
 #define MAX_CHAIN 16
+#define TOKEN_CHUNK 64
 typedef struct {
     const sc_linear *const *seg;
     const int *first, *col;
-    int n, ld, isa;
+    int n, ld, isa, tiles;
     const float *xf;
     const q16_rows *xq;
     float *y;
@@ -1281,15 +1494,26 @@ typedef struct {
 static void matmul_tiles(void *p, int begin, int end, int worker) {
     const matmul_job *J = p;
     (void)worker;
-    int s = 0;
-    for (int g = begin; g < end; g++) {
+    for (int item = begin; item < end; item++) {
+        int c = item / J->tiles, g = item % J->tiles, s = 0;
         while (g >= J->first[s + 1]) s++;
-        tile_rows(J->seg[s], g - J->first[s], J->n, J->xf, J->xq, J->y + J->col[s], J->ld, J->isa);
+        int i0 = c * TOKEN_CHUNK, m = J->n - i0 < TOKEN_CHUNK ? J->n - i0 : TOKEN_CHUNK;
+        const sc_linear *L = J->seg[s];
+        size_t n_in = (size_t)L->n_in, nb = n_in / QK;
+        q16_rows xq = *J->xq;  /* the chunk's rows (8-bit activations: two sums per block) */
+        if (xq.q) {
+            xq.q = is_q8(J->isa) ? (int16_t *)((int8_t *)xq.q + i0 * n_in) : xq.q + i0 * n_in;
+            xq.d += i0 * nb;
+            xq.s += i0 * nb * (is_q8(J->isa) ? 2 : 1);
+        }
+        if (xq.amx) xq.amx += 2 * i0 * n_in, xq.ms += i0 * nb;
+        tile_rows(L, g - J->first[s], m, J->xf ? J->xf + i0 * n_in : NULL, &xq,
+                  J->y + (size_t)i0 * J->ld + J->col[s], J->ld, J->isa);
     }
 }
 
 static void matmul(const sc_linear *L, int n, const float *xf, const q16_rows *xq, float *y, int isa, int nt) {
-    int ld = 0, off = 0;
+    int ld = 0, off = 0, chunks = (n + TOKEN_CHUNK - 1) / TOKEN_CHUNK;
     for (const sc_linear *s = L; s; s = s->next) ld += s->n_out;
     while (L) {
         const sc_linear *seg[MAX_CHAIN];
@@ -1299,8 +1523,8 @@ static void matmul(const sc_linear *L, int n, const float *xf, const q16_rows *x
             seg[ns] = L, col[ns] = off, first[ns + 1] = first[ns] + L->n_out / TILE;
             off += L->n_out;
         }
-        matmul_job job = {seg, first, col, n, ld, isa, xf, xq, y};
-        parallel_for(first[ns], n > 1 ? SPLIT_BATCH : SPLIT_ONE, nt, matmul_tiles, &job);
+        matmul_job job = {seg, first, col, n, ld, isa, first[ns], xf, xq, y};
+        parallel_for(chunks * first[ns], n > 1 ? SPLIT_BATCH : SPLIT_ONE, nt, matmul_tiles, &job);
     }
 }
 
@@ -1314,37 +1538,62 @@ static void quantize_one(const float *x, int i, int n_in, q16_rows *out, int q8)
         quantize_row_any(xi, n_in, out->q + (size_t)i * n_in, d, out->s + (size_t)i * (n_in / QK), 0);
 }
 
-typedef struct { const float *x; int n_in; q16_rows *out; int q8; } quantize_job;
+typedef struct { const float *x; int n_in; q16_rows *out; int q8, planes; } quantize_job;
 
 static void quantize_range(void *p, int begin, int end, int worker) {
     const quantize_job *J = p;
     (void)worker;
     for (int i = begin; i < end; i++) quantize_one(J->x, i, J->n_in, J->out, J->q8);
+#if defined(__x86_64__)
+    if (J->planes) amx_split(J->out, begin, end);
+#endif
 }
 
-static void quantize_rows(const float *x, int n, int n_in, q16_rows *out, int nt, int q8) {
+/* planes: the AMX byte planes too (the scratch must have them) */
+static void quantize_rows(const float *x, int n, int n_in, q16_rows *out, int nt, int q8, int planes) {
     out->n_in = n_in;
-    quantize_job job = {x, n_in, out, q8};
+    quantize_job job = {x, n_in, out, q8, planes};
     parallel_for(n, SPLIT_BATCH, nt, quantize_range, &job);  /* one row: on the calling thread */
 }
 
 /* y = L(x), quantizing x first when some of the weights are integers */
 static void linear(const sc_linear *L, int n, const float *x, q16_rows *scratch, float *y, int isa, int nt) {
-    if (chain_quantized(L)) quantize_rows(x, n, L->n_in, scratch, nt, is_q8(isa));
-    matmul(L, n, x, scratch, y, isa, nt);
+    q16_rows q = *scratch;
+    if (isa != SC_AMX || n < AMX_MIN) q.amx = NULL, q.ms = NULL;  /* tile_rows takes the AMX path where they are set */
+    if (chain_quantized(L)) quantize_rows(x, n, L->n_in, &q, nt, is_q8(isa), q.amx != NULL);
+    matmul(L, n, x, &q, y, isa, nt);
+}
+
+/* the scratch for n rows of up to n_in inputs (AMX's planes for the AMX variant): 0, or -1 (memory) */
+static int q16_alloc(q16_rows *q, int n, size_t n_in, int isa) {
+    memset(q, 0, sizeof *q);
+    q->q = malloc(sizeof(int16_t) * (size_t)n * n_in);
+    size_t padded = ((size_t)n + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS;  /* AMX reads the scales of whole groups */
+    q->d = calloc(padded * (n_in / QK), sizeof(float));
+    q->s = malloc(sizeof(int32_t) * (size_t)n * (n_in / 16));  /* 8-bit activations: two sums per block */
+    int ok = q->q && q->d && q->s;
+    if (ok && isa == SC_AMX && n >= AMX_MIN) {  /* rows padded: a tile reads AMX_ROWS of them */
+        size_t rows = ((size_t)n + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS;
+        q->amx = calloc(rows * n_in, 2);
+        q->ms = calloc(padded * (n_in / QK), sizeof(float));
+        ok = q->amx && q->ms;
+    }
+    return ok ? 0 : -1;
+}
+
+static void q16_free(q16_rows *q) {
+    free(q->q); free(q->d); free(q->s); free(q->amx); free(q->ms);
 }
 
 /* exposed for tests and kernel timing: one linear on float rows */
 int sc_linear_forward(const sc_linear *L, int n, const float *x, float *y, int isa, int nt) {
     q16_rows q = {0};
-    if (chain_quantized(L)) {
-        q.q = malloc(sizeof(int16_t) * (size_t)n * L->n_in);
-        q.d = malloc(sizeof(float) * (size_t)n * (L->n_in / QK));
-        q.s = malloc(sizeof(int32_t) * (size_t)n * (L->n_in / 16));  /* 8-bit activations: two sums per block */
-        if (!q.q || !q.d || !q.s) { free(q.q); free(q.d); free(q.s); return -1; }
+    if (chain_quantized(L) && q16_alloc(&q, n, (size_t)L->n_in, isa) != 0) {
+        q16_free(&q);
+        return -1;
     }
     linear(L, n, x, &q, y, isa, nt);
-    free(q.q); free(q.d); free(q.s);
+    q16_free(&q);
     return 0;
 }
 
@@ -1439,8 +1688,8 @@ int sc_forward(const sc_model *M, int n, float *x, const int64_t *cells, int n_k
     size_t big = (size_t)n * (qkv_n > 2 * F ? qkv_n : 2 * F);
     float *h = malloc(sizeof(float) * (size_t)n * mi), *t1 = malloc(sizeof(float) * big);
     float *t2 = malloc(sizeof(float) * (size_t)n * mi);
-    q16_rows q = {malloc(sizeof(int16_t) * (size_t)n * mi), malloc(sizeof(float) * (size_t)n * mi / QK), malloc(sizeof(int32_t) * (size_t)n * mi / 16), 0};
-    int ok = h && t1 && t2 && q.q && q.d && q.s;
+    q16_rows q;
+    int ok = q16_alloc(&q, n, mi, M->isa) == 0 && h && t1 && t2;
     for (int l = 0; ok && l < M->n_layer; l++) {
         const sc_layer *L = &M->layers[l];
         const uint8_t *mask = L->swa ? mask_swa : mask_global;
@@ -1494,6 +1743,7 @@ int sc_forward(const sc_model *M, int n, float *x, const int64_t *cells, int n_k
         for (int i = 0; i < n_out; i++) rms_norm(x + (size_t)rows[i] * E, M->output_norm, h + (size_t)i * E, E, M->eps);
         linear(&M->output, n_out, h, &q, logits, M->isa, nt);
     }
-    free(h); free(t1); free(t2); free(q.q); free(q.d); free(q.s);
+    free(h); free(t1); free(t2);
+    q16_free(&q);
     return ok ? 0 : -1;
 }
