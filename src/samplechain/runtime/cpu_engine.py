@@ -28,11 +28,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from importlib import resources
 
 import numpy as np
 import torch
 
+from samplechain.runtime import pack_cache
 from samplechain.runtime.kv_cache import KVCache
 from samplechain.runtime.model import Rope, Transformer
 from samplechain.runtime.weights import ENGINE_TYPES, GROUP, Linear, Part
@@ -299,6 +301,83 @@ def packed_bytes(keep: list) -> int:
     return sum(a.nbytes for a in keep if isinstance(a, np.ndarray))
 
 
+SEG_FIELDS = ("kind", "n_out", "n_in", "zero", "scales")
+ARRAY_FIELDS = ("q", "d", "m", "sd", "sm")
+ROLES = ("qkv", "wo", "gate_up", "down")
+
+
+def _records(head: CLinear, own: list) -> list[dict]:
+    """A packed linear's chain as records for ``pack_cache``: each segment's fields and arrays."""
+    by_address = {a.ctypes.data: a for a in own if isinstance(a, np.ndarray) and a.size}
+    segments, node = [], head
+    while True:
+        segments.append({"fields": {f: int(getattr(node, f)) for f in SEG_FIELDS},
+                         "arrays": {f: by_address[getattr(node, f)] for f in ARRAY_FIELDS if getattr(node, f)}})
+        if not node.next:
+            return segments
+        node = node.next.contents
+
+
+def _from_records(segments: list[dict], own: list) -> CLinear:
+    """The chain of CLinears over cached arrays (appended to ``own`` with the structs)."""
+    chain = []
+    for seg in segments:
+        f, a = seg["fields"], seg["arrays"]
+        chain.append(CLinear(f["kind"], f["n_out"], f["n_in"], 0, _addr(a.get("q")), _addr(a.get("d")),
+                             _addr(a.get("m")), None, f["zero"], f["scales"], _addr(a.get("sd")), _addr(a.get("sm")),
+                             None))
+        own.extend(a.values())
+    for x, y in itertools.pairwise(chain):
+        x.next = ctypes.pointer(y)
+    own.extend(chain)
+    return chain[0]
+
+
+def _model_files(transformer: Transformer) -> list[str]:
+    return [transformer.source.path, *(part.path for part in transformer.source.parts)]
+
+
+def _from_cache(transformer: Transformer, linears: list[Linear]) -> str | None:
+    """Point every linear at its cached packed form when the model has a complete cache; returns the key to write
+    the cache under when it should be written (None: loaded, disabled, or packed already)."""
+    if not pack_cache.enabled() or any(lin.engine_form is not None for lin in linears):
+        return None
+    name = pack_cache.key(_model_files(transformer), machine_id())
+    found = pack_cache.read(cache_dir(), name)
+    if found is None or len(found[0]) != len(linears):
+        return name
+    records, data = found
+    for lin, segments in zip(linears, records, strict=True):
+        own: list = [data]
+        lin.engine_form = (_from_records(segments, own), own)
+    return None
+
+
+def _pack_all(transformer: Transformer, linears: list[Linear]) -> int:
+    """Pack every linear (the output matrix first, then layer by layer, dropping the file's pages read so far after
+    each), with a progress line on stderr; returns the packed bytes."""
+    start, total, shown = time.perf_counter(), 0, -1
+    raw = sum(p.raw.nbytes for lin in linears for p in lin.parts or ())
+    say = raw >= pack_cache.MIN_BYTES  # small models pack in a blink: nothing to say
+    tty = say and sys.stderr.isatty()
+    per_layer = len(ROLES)
+    for i, lin in enumerate(linears):
+        pack_linear(lin, [])
+        total += packed_bytes(lin.engine_form[1])  # type: ignore[index]
+        if i % per_layer == 0:  # the output matrix, then each layer's last
+            transformer.release_pages()  # the file's pages packed so far leave our memory
+        pct = 100 * (i + 1) // len(linears)
+        if tty and pct != shown:
+            shown = pct
+            print(f"\rpacking the weights for the CPU engine: {pct}%", end="", file=sys.stderr, flush=True)
+    if tty:
+        print(file=sys.stderr)
+    if say:
+        print(f"packed {len(linears)} matrices ({total / 2**20:.0f} MiB) for the CPU engine in "
+              f"{time.perf_counter() - start:.1f} s", file=sys.stderr)
+    return total
+
+
 def _ptr(t: torch.Tensor | None, keep: list) -> int | None:
     if t is None:
         return None
@@ -325,8 +404,13 @@ class CEngine:
         self._keep: list = []
         k = self._keep
         # the output matrix first (often the largest): its file pages leave memory before the layers are packed
+        linears = [transformer.output, *(getattr(L, role) for L in transformer.layers for role in ROLES)]
+        write_as = _from_cache(transformer, linears)
+        if any(lin.engine_form is None for lin in linears):
+            if _pack_all(transformer, linears) >= pack_cache.MIN_BYTES and write_as is not None:
+                pack_cache.write(cache_dir(), write_as, [_records(*lin.engine_form) for lin in linears],
+                                 _model_files(transformer))
         output = pack_linear(transformer.output, k)
-        transformer.release_pages()
         layers = (CLayer * c.n_layer)()
         for i, L in enumerate(transformer.layers):
             layers[i] = CLayer(
@@ -334,7 +418,6 @@ class CEngine:
                 _ptr(L.post_attn_norm, k), _ptr(L.post_ffn_norm, k), pack_linear(L.qkv, k), pack_linear(L.wo, k),
                 pack_linear(L.gate_up, k), pack_linear(L.down, k), int(i in c.swa_layers), 0,
                 _ptr(L.qkv_bias, k))
-            transformer.release_pages()  # the file's pages this layer was packed from leave our memory
         self._layers = layers
         self.model = CModel(c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.n_vocab,
                             int(c.gelu), c.rms_eps, c.attn_scale, 0, ALL_ISAS[isa], layers,

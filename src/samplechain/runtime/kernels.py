@@ -4,8 +4,9 @@ On CUDA the candidates are ``cuda-graph`` (decode steps replayed as CUDA graphs,
 same with TF32 matrix products) and ``cuda-eager``.
 
 Candidates on the CPU: the compiled engine's kernel variants (``c-amx``: AMX tile products for several tokens, the
-AVX-512 code for one; ``c-avx512vnni``, ``c-avx2``, ``c-generic``: the same bits, batch-invariant) and torch's paths (``torch-int4-f32``, ``torch-int4-bf16``: torch's int4 kernel with float32 or
-bfloat16 activations; ``torch-dense``: the dequantized reference). At first use for a machine and a model's matrices
+AVX-512 code for one; ``c-avx512vnni``, ``c-avx2``, ``c-generic``: the same bits, batch-invariant) and torch's paths
+(``torch-int4-f32``, ``torch-int4-bf16``: torch's int4 kernel with float32 or bfloat16 activations; ``torch-dense``:
+the dequantized reference). At first use for a machine and a model's matrices
 (their shapes and weight kinds: models that share them share the choice) the compiled engine's variants this CPU can
 run are checked to give the same bits and timed in two rounds on the model's real shapes: a quick one (a few decode
 steps each) drops every candidate that cannot come within ``PRUNE`` of the best, the rest take turns at a decode step

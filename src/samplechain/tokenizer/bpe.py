@@ -4,6 +4,7 @@ and merged by the file's merge ranks, lowest rank first."""
 from __future__ import annotations
 
 import heapq
+import re
 from collections.abc import Sequence
 
 from samplechain.tokenizer.pretokenize import PreTokenizer
@@ -33,6 +34,14 @@ def byte_decoder() -> dict[str, int]:
 
 
 BYTE_DECODE = byte_decoder()
+_SPELLED = re.compile("[" + "".join(re.escape(ch) for ch in BYTE_DECODE) + "]*")
+_TO_LATIN1 = str.maketrans({ch: chr(b) for ch, b in BYTE_DECODE.items()})
+
+
+def spelled_bytes(text: str) -> bytes | None:
+    """The bytes GPT-2's printable spelling ``text`` stands for, or None when a character is not a spelled byte
+    (one regular-expression match and one translation: a vocabulary's worth takes milliseconds)."""
+    return text.translate(_TO_LATIN1).encode("latin-1") if _SPELLED.fullmatch(text) else None
 
 
 class BpeEncoder:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from samplechain.tokenizer.bpe import BYTE_DECODE, BpeEncoder, byte_decoder
+from samplechain.tokenizer.bpe import BYTE_DECODE, BpeEncoder, spelled_bytes
 from samplechain.tokenizer.pretokenize import PRE_REGEXES, PRE_TYPES, PreTokenizer
 from samplechain.tokenizer.spm import SpmEncoder
 
@@ -78,12 +78,9 @@ def token_bytes_table(model: str, tokens: Sequence[str], types: np.ndarray) -> l
     """Every token's raw bytes (control and user-defined tokens as their text)."""
     out: list[bytes] = []
     if model == "gpt2":
-        decode = byte_decoder()
         for text, kind in zip(tokens, types.tolist(), strict=False):
-            if kind in (TOKEN_CONTROL, TOKEN_USER_DEFINED) or not all(ch in decode for ch in text):
-                out.append(text.encode("utf-8", errors="surrogateescape"))
-            else:
-                out.append(bytes(decode[ch] for ch in text))
+            raw = None if kind in (TOKEN_CONTROL, TOKEN_USER_DEFINED) else spelled_bytes(text)
+            out.append(text.encode("utf-8", errors="surrogateescape") if raw is None else raw)
         return out
     if model == "llama":
         for text, kind in zip(tokens, types.tolist(), strict=False):
@@ -231,9 +228,10 @@ class GGUFTokenizer:
         if attr & ATTR_NORMAL:
             if self.model == "llama":
                 return text.replace("\u2581", " ").encode("utf-8", "surrogatepass")
+            raw = spelled_bytes(text)
+            if raw is not None:
+                return raw
             decode = BYTE_DECODE
-            if all(ch in decode for ch in text):
-                return bytes(decode[ch] for ch in text)
             out = bytearray()
             for ch in text:
                 if ch in decode:
