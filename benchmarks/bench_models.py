@@ -7,10 +7,14 @@ quantizer to Q4_K_M (Q4_K with Q6_K where llama.cpp's recipe puts it; Qwen's 896
 choices). Random weights cost the same time as trained ones. The files are built once into the cache directory.
 
 Fairness: each side runs in its own fresh process (so peak RSS is its own), 2 threads, the same prompt tokens
-(``--prompt-tokens`` random ids, one batch) and the same decode rule (``--n`` tokens, EOS ignored, llama.cpp's default
-sampler chain through each side's own sampler, seed 1234); times are medians of ``--repeats``. Peak RSS is measured
-after loading and after the run (``ru_maxrss``), next to the file size and the KV cache each side allocates; the
-process's RSS before loading (Python, and for us torch) is reported and taken off for the model's own share.
+(``--prompt-tokens``: 256 and 512 random ids, one batch each) and the same decode rule (``--n`` tokens, EOS ignored,
+llama.cpp's default sampler chain through each side's own sampler, seed 1234); times are medians of ``--repeats``.
+Peak RSS is measured after loading and after the run (``ru_maxrss``), next to the file size and the KV cache each side
+allocates; the process's RSS before loading (Python, and for us torch) is reported and taken off for the model's own
+share. Load times are warm on both sides: llama.cpp maps its file (in the page cache after the first run), we map our
+packed weights, cached by a first load in a process of its own whose time is shown as "first load" (it packs only when
+the model has no cache yet). The KV caches are both 16-bit (f16, both defaults). Last, one token through each kind of
+matrix of ours as GB/s of the weights it reads, beside numpy's stream-copy bandwidth on the same machine.
 Run: ``python -m benchmarks.bench_models`` (needs the bench extra: llama-cpp-python).
 """
 
@@ -86,7 +90,7 @@ def run_ours(path: str, tokens: list[int], n: int, repeats: int) -> dict:
     pp, tg = [], []
     params = SamplingParams(seed=1234, ignore_eos=True)
     ctx = model.new_context(N_CTX)
-    kv_mib = (ctx.kv.k.numel() + ctx.kv.v.numel()) * ctx.kv.k.element_size() / 2**20
+    kv_mib = (ctx.kv.k.numel() * ctx.kv.k.element_size() + ctx.kv.v.numel() * ctx.kv.v.element_size()) / 2**20
     for _ in range(repeats):
         ctx.clear()
         t0 = time.perf_counter()
@@ -101,6 +105,56 @@ def run_ours(path: str, tokens: list[int], n: int, repeats: int) -> dict:
     return {"load_s": load_s, "rss_load_mib": rss_load, "rss_peak_mib": _rss_mib(), "kv_mib": kv_mib,
             "rss_base_mib": rss_base, "prompt": statistics.median(pp), "decode": statistics.median(tg),
             "kernel": model.transformer.kernel}
+
+
+def run_load(path: str) -> dict:
+    """Our load alone, in a fresh process: the warm load once the packed weights are cached."""
+    import torch  # noqa: F401  (imported before the clock starts, as in run_ours)
+
+    from samplechain.runtime import load_model
+
+    start = time.perf_counter()
+    model = load_model(path, n_threads=2)
+    return {"load_s": time.perf_counter() - start, "kernel": model.transformer.kernel}
+
+
+def run_bandwidth(path: str, repeats: int) -> dict:
+    """GB/s of one token through each kind of matrix (the packed bytes read per product), and the machine's
+    stream-copy bandwidth (numpy copying 512 MiB: read + write), in one process, 2 threads."""
+    import ctypes
+
+    import torch
+
+    from samplechain.runtime import load_model
+    from samplechain.runtime.cpu_engine import ALL_ISAS, library, packed_bytes
+
+    model = load_model(path, n_threads=2)
+    t = model.transformer
+    isa = t.kernel.removeprefix("c-")
+    lib = library()
+    out = {}
+    linears = {"output": t.output, **{role: getattr(t.layers[len(t.layers) // 2], role)
+                                      for role in ("qkv", "wo", "gate_up", "down")}}
+    for role, lin in linears.items():
+        packed, own = lin.engine_form
+        x = np.random.default_rng(0).standard_normal((1, lin.shape[1])).astype(np.float32)
+        y = np.empty((1, lin.shape[0]), dtype=np.float32)
+        times = []
+        for _ in range(5 * repeats):
+            t0 = time.perf_counter()
+            lib.sc_linear_forward(ctypes.byref(packed), 1, ctypes.c_void_p(x.ctypes.data),
+                                  ctypes.c_void_p(y.ctypes.data), ALL_ISAS[isa], torch.get_num_threads())
+            times.append(time.perf_counter() - t0)
+        out[f"{role} {lin.shape[0]}x{lin.shape[1]} {lin.form}"] = packed_bytes(own) / statistics.median(times) / 1e9
+    a = np.ones(1 << 27, dtype=np.float32)
+    b = np.empty_like(a)
+    times = []
+    for _ in range(3 * repeats):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        times.append(time.perf_counter() - t0)
+    out["stream copy (numpy, 1 thread: read + write)"] = 2 * a.nbytes / min(times) / 1e9
+    return out
 
 
 def run_llama(path: str, tokens: list[int], n: int, repeats: int) -> dict:
@@ -127,10 +181,10 @@ def run_llama(path: str, tokens: list[int], n: int, repeats: int) -> dict:
             "kernel": "llama.cpp"}
 
 
-def worker(side: str, path: str, tokens: list[int], n: int, repeats: int) -> dict:
+def worker(side: str, *args: object) -> dict:
     """One side in a fresh process (its own peak RSS)."""
     code = (f"import json, sys; from benchmarks.bench_models import run_{side}; "
-            f"print(json.dumps(run_{side}({path!r}, {tokens!r}, {n}, {repeats})))")
+            f"print(json.dumps(run_{side}{tuple(args)!r}))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{side} failed: {proc.stderr[-3000:]}")
@@ -140,36 +194,49 @@ def worker(side: str, path: str, tokens: list[int], n: int, repeats: int) -> dic
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(SHAPES))
-    ap.add_argument("--prompt-tokens", type=int, default=256)
+    ap.add_argument("--prompt-tokens", default="256,512", help="prompt lengths, comma-separated")
     ap.add_argument("--n", type=int, default=64, help="decoded tokens")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-llama", action="store_true", help="ours only (no anchor)")
+    ap.add_argument("--no-bandwidth", action="store_true", help="skip the GB/s per matrix kind")
     args = ap.parse_args()
+    lengths = [int(v) for v in args.prompt_tokens.split(",")]
     print(f"{'model':>14}  {'what':<20} {'ours':>9} {'llama.cpp':>10} {'ratio':>6}")
     for name in args.models.split(","):
         path = str(build(name))
         file_mib = os.path.getsize(path) / 2**20
         vocab = SHAPES[name][1]["n_vocab"]
-        tokens = np.random.default_rng(1234).integers(0, min(vocab, 100000), args.prompt_tokens).tolist()
-        us = worker("ours", path, tokens, args.n, args.repeats)
-        them = None if args.no_llama else worker("llama", path, tokens, args.n, args.repeats)
+        rng = np.random.default_rng(1234)
+        first = worker("load", path)  # packs and caches on a first run (else already warm)
+        for length in lengths:
+            tokens = rng.integers(0, min(vocab, 100000), length).tolist()
+            us = worker("ours", path, tokens, args.n, args.repeats)
+            them = None if args.no_llama else worker("llama", path, tokens, args.n, args.repeats)
+            _report(name, length, us, them, file_mib, first)
+        if not args.no_bandwidth:
+            for what, rate in worker("bandwidth", path, args.repeats).items():
+                print(f"{name:>14}  {'GB/s ' + what}: {rate:.1f}")
 
-        for side in (us, them) if them else (us,):
-            side["model_mib"] = side["rss_peak_mib"] - side["rss_base_mib"]
-        for what, key in (("decode tok/s", "decode"), ("prompt tok/s", "prompt"), ("load s", "load_s"),
-                          ("RSS before load MiB", "rss_base_mib"), ("RSS after load MiB", "rss_load_mib"),
-                          ("peak RSS MiB", "rss_peak_mib"), ("peak - before MiB", "model_mib")):
-            a, b = us[key], them[key] if them else None
-            ratio = f"{a / b:6.2f}" if b else f"{'-':>6}"
-            anchor = f"{b:10.2f}" if b is not None else f"{'-':>10}"
-            print(f"{name:>14}  {what:<20} {a:9.2f} {anchor} {ratio}")
-        print(f"{name:>14}  {'file MiB':<20} {file_mib:9.1f}")
-        print(f"{name:>14}  {'KV cache MiB':<20} {us['kv_mib']:9.1f} {them['kv_mib'] if them else 0:10.1f}")
-        limit = 1.15 * file_mib + us["kv_mib"]
-        loaded = us["rss_load_mib"] - us["rss_base_mib"]
-        print(f"{name:>14}  {'loaded / (1.15 file + KV)':<20} {loaded / limit:9.2f}")
-        print(f"{name:>14}  {'peak / (1.15 file + KV)':<20} {us['model_mib'] / limit:9.2f}")
-        print(f"{name:>14}  {'kernel':<20} {us['kernel']:>9}")
+
+def _report(name: str, length: int, us: dict, them: dict | None, file_mib: float, first: dict) -> None:
+    print(f"{name:>14}  {'prompt tokens':<20} {length:9d}")
+    for side in (us, them) if them else (us,):
+        side["model_mib"] = side["rss_peak_mib"] - side["rss_base_mib"]
+    print(f"{name:>14}  {'first load s':<20} {first['load_s']:9.2f}")
+    for what, key in (("decode tok/s", "decode"), ("prompt tok/s", "prompt"), ("load s", "load_s"),
+                      ("RSS before load MiB", "rss_base_mib"), ("RSS after load MiB", "rss_load_mib"),
+                      ("peak RSS MiB", "rss_peak_mib"), ("peak - before MiB", "model_mib")):
+        a, b = us[key], them[key] if them else None
+        ratio = f"{a / b:6.2f}" if b else f"{'-':>6}"
+        anchor = f"{b:10.2f}" if b is not None else f"{'-':>10}"
+        print(f"{name:>14}  {what:<20} {a:9.2f} {anchor} {ratio}")
+    print(f"{name:>14}  {'file MiB':<20} {file_mib:9.1f}")
+    print(f"{name:>14}  {'KV cache MiB':<20} {us['kv_mib']:9.1f} {them['kv_mib'] if them else 0:10.1f}")
+    limit = 1.15 * file_mib + us["kv_mib"]
+    loaded = us["rss_load_mib"] - us["rss_base_mib"]
+    print(f"{name:>14}  {'loaded / (1.15 file + KV)':<20} {loaded / limit:9.2f}")
+    print(f"{name:>14}  {'peak / (1.15 file + KV)':<20} {us['model_mib'] / limit:9.2f}")
+    print(f"{name:>14}  {'kernel':<20} {us['kernel']:>9}")
 
 
 if __name__ == "__main__":

@@ -270,8 +270,9 @@ def test_serve_takes_llama_servers_flags(monkeypatch, capsys, tmp_path):
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
     assert [n.split(":")[1].strip() for n in notes] == [
         "--tools", "--ui-mcp-proxy / --mcp-servers-*", "--media-path / --mmproj / --no-mmproj", "-fa",
-        "--cache-ram / --cache-idle-slots", "-ctk / -ctv", "--swa-full",
+        "--cache-ram / --cache-idle-slots", "--swa-full",
         "--grp-attn-n / --grp-attn-w"]
+    assert (config.cache_type_k, config.cache_type_v) == ("q8_0", "q8_0")  # kept as f16, said when the model loads
     got.clear()
     assert main(["serve", "--no-jinja", "--chat-template", "llama3"]) == 0
     config = got[0][0]

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import torch
 
 from samplechain.runtime import KVCache, KVCacheFull
 
@@ -125,3 +126,51 @@ def test_bad_sizes():
         cache(size=0)
     with pytest.raises(ValueError, match="n_seq_max"):
         cache(n_seq=300)
+
+
+def test_the_engines_halves_round_to_nearest_even_as_numpy():
+    """The KV cache's float -> f16 (csrc/engine.c: f32_to_f16) and back, against numpy's conversions: every
+    rounding boundary, subnormals, overflow, infinities and NaN."""
+    import ctypes
+
+    from samplechain.runtime.cpu_engine import library
+
+    rng = np.random.default_rng(7)
+    halves = np.arange(1 << 16, dtype=np.uint32)
+    exact = halves.astype(np.uint16).view(np.float16).astype(np.float32)
+    finite = np.isfinite(exact)
+    up = np.nextafter(exact[finite], np.float32(np.inf))
+    # the points between neighbouring halves: ties, and a float32 ulp to either side of them
+    mids = ((exact[finite][:-1].astype(np.float64) + exact[finite][1:]) / 2).astype(np.float32)
+    mids = mids[np.isfinite(mids)]  # the midpoint next to the largest half is past float16's range
+    with np.errstate(invalid="ignore"):
+        values = np.concatenate([
+            exact, up, mids, np.nextafter(mids, np.float32(np.inf)), np.nextafter(mids, np.float32(-np.inf)),
+            rng.standard_normal(100_000).astype(np.float32) * np.float32(10.0) ** rng.integers(-9, 6, 100_000),
+            np.array([65504, 65519.99, 65520, 1e9, -1e9, 2.0 ** -25, 2.0 ** -25 * 1.0001, 2.0 ** -26, 1e-40,
+                      np.inf, -np.inf, np.nan, -0.0], dtype=np.float32)])
+    values = np.ascontiguousarray(values[~np.isnan(values)], dtype=np.float32)
+    lib = library()
+    got = np.empty(values.size, dtype=np.uint16)
+    lib.sc_f32_to_f16(ctypes.c_void_p(values.ctypes.data), ctypes.c_void_p(got.ctypes.data), values.size)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(got, values.astype(np.float16).view(np.uint16))
+    back = np.empty(halves.size, dtype=np.float32)
+    h16 = halves.astype(np.uint16)
+    lib.sc_f16_to_f32(ctypes.c_void_p(h16.ctypes.data), ctypes.c_void_p(back.ctypes.data), h16.size)
+    np.testing.assert_array_equal(back.view(np.uint32)[finite], exact.view(np.uint32)[finite])
+    assert np.isnan(back[~finite & np.isnan(exact)]).all() and np.isinf(back[np.isinf(exact)]).all()
+    nan = np.array([np.nan], dtype=np.float32)
+    lib.sc_f32_to_f16(ctypes.c_void_p(nan.ctypes.data), ctypes.c_void_p(got.ctypes.data), 1)
+    assert got[0] & 0x7C00 == 0x7C00 and got[0] & 0x3FF
+
+
+def test_the_cache_is_16_bit_by_default_and_f32_on_request(smol):
+    from samplechain.runtime import Context, load_model
+
+    assert Context(smol.transformer, 32).kv.k.dtype == torch.float16
+    m = load_model(None, cache_type_k="f32", cache_type_v="f16")
+    kv = Context(m.transformer, 32).kv
+    assert kv.k.dtype == torch.float32 and kv.v.dtype == torch.float16
+    with pytest.raises(ValueError, match="-ctv: unsupported cache type 'q9'"):
+        load_model(None, cache_type_v="q9")

@@ -46,7 +46,9 @@ def tiny_f32(family, folder):
 def llama_cpp_embedding(path, tokens, pooling, f32_cache=False):
     """llama.cpp's embedding of ``tokens`` (unnormalized): per token for ``none``, else pooled."""
     import llama_cpp
+    from benchmarks import _llama
 
+    _llama.without_extra_bufts()  # ggml's AMX buffers crash on CPUs that have AMX (see there)
     kv = {"type_k": 0, "type_v": 0} if f32_cache else {}
     llm = llama_cpp.Llama(str(path), embedding=True, pooling_type=POOLING_TYPE[pooling], n_ctx=128, n_batch=128,
                           n_ubatch=128, n_threads=1, verbose=False, **kv)

@@ -29,7 +29,7 @@ def test_every_declared_option_has_its_flag_and_its_default():
     names = {o for a in parser._actions for o in a.option_strings}
     for opt in declared(ServerConfig):
         assert set(opt.flags) | set(opt.negative) <= names, opt.name
-    assert len(declared(ServerConfig)) == 25
+    assert len(declared(ServerConfig)) == 27
 
 
 def test_flags_land_in_their_fields():

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from samplechain.cli.common import (
     Parser,
+    add_cache_type_arguments,
     add_model_arguments,
     add_sampling_arguments,
     add_spec_arguments,
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="context size (0 = model's)")
     io.add_argument("-b", "--batch-size", type=int, default=512, metavar="N", help="prompt tokens per forward")
     io.add_argument("-t", "--threads", type=int, default=None, metavar="N", help="CPU threads")
+    add_cache_type_arguments(io)
     io.add_argument("--keep", type=int, default=0, metavar="N",
                     help="tokens of the prompt kept on context shift (-1 = all)")
     io.add_argument("--context-shift", dest="context_shift", action="store_true", default=True,

@@ -122,6 +122,23 @@ def add_model_arguments(group: argparse._ArgumentGroup) -> None:
                        help="-hf from the hub cache only: nothing is downloaded (as HF_HUB_OFFLINE=1)")
 
 
+def _cache_type(value: str) -> str:
+    from samplechain.runtime.kv_cache import KV_TYPES, KV_TYPES_AS_F16
+
+    if value not in KV_TYPES and value not in KV_TYPES_AS_F16:
+        raise argparse.ArgumentTypeError(f"unsupported cache type {value!r} "
+                                         f"({', '.join([*KV_TYPES, *KV_TYPES_AS_F16])})")
+    return value
+
+
+def add_cache_type_arguments(group: argparse._ArgumentGroup) -> None:
+    """llama.cpp's -ctk / -ctv: the KV cache's key and value types (``runtime/kv_cache.py: kv_type``)."""
+    for short, long, what in (("-ctk", "--cache-type-k", "keys"), ("-ctv", "--cache-type-v", "values")):
+        group.add_argument(short, long, type=_cache_type, default="f16", metavar="TYPE",
+                           help=f"the KV cache's type for {what}: f16 (default, as llama.cpp) or f32; llama.cpp's "
+                                "quantized types are kept as f16")
+
+
 def add_spec_arguments(sp: argparse._ArgumentGroup) -> None:
     """llama.cpp's speculative decoding flags (``generate`` and ``serve``)."""
     sp.add_argument("--spec-type", action="append", default=[],
@@ -188,7 +205,9 @@ def load_model(name: str | None, args: argparse.Namespace, kernel: str | None = 
     path = model_path(name)
     resolve_device(args.device)
     print(f"loading model {path} ...", file=sys.stderr, flush=True)
-    return load_model(path, device=args.device, n_threads=args.threads, kernel=kernel)
+    return load_model(path, device=args.device, n_threads=args.threads, kernel=kernel,
+                      cache_type_k=getattr(args, "cache_type_k", "f16"),
+                      cache_type_v=getattr(args, "cache_type_v", "f16"))
 
 
 def spec_types(args: argparse.Namespace) -> list[str]:

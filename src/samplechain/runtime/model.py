@@ -299,6 +299,10 @@ class Transformer:
         self.config = c = config
         self.device = loader.device
         self.source = loader.gguf  # the memory-mapped file the weights are read from
+        # the KV cache's key and value types (load_model's -ctk / -ctv); None: 16-bit under the compiled CPU engine,
+        # as llama.cpp's default, float32 on the torch paths (the references) and on CUDA (whose 16-bit caches have
+        # not run on a GPU)
+        self.kv_types: tuple[torch.dtype, torch.dtype] | None = None
         emb = loader.gguf.info("token_embd.weight")
         if emb.shape != (c.n_vocab, c.n_embd):
             raise GGUFError(f"token_embd shape {emb.shape} does not match vocab {c.n_vocab} x {c.n_embd}")
@@ -393,8 +397,10 @@ class Transformer:
         # CUDA graphs run fixed batch shapes: their padding rows write to a spare cell past the end, and the cells
         # are a whole number of attention chunks
         spare = (-size) % ATTN_CHUNK or ATTN_CHUNK if self.device.type == "cuda" else 0
+        types = self.kv_types or ((torch.float16,) * 2 if self.engine is not None and self.device.type == "cpu"
+                                  else (torch.float32,) * 2)
         return KVCache(c.n_layer, c.n_head_kv, c.head_dim, c.head_dim, size, n_seq_max, device=self.device,
-                       spare=spare, unified=unified)
+                       spare=spare, unified=unified, dtype=types[0], dtype_v=types[1])
 
     def layer_rope(self, i: int, cache: KVCache) -> Rope:
         """Layer ``i``'s rotary embedding for a cache of this size (llama.cpp picks Phi-3's factors by context)."""
@@ -418,8 +424,8 @@ class Transformer:
             rope = self.layer_rope(i, cache)
             if rope not in rotations:  # a turn by delta: the keys already carry the rope's magnitude
                 rotations[rope] = rope.rotation(delta, self.config.head_dim, magnitude=False)
-            k = cache.k[i][:, cells].transpose(0, 1)  # [cells, heads, dim]
-            cache.k[i][:, cells] = apply_rope(k, rotations[rope]).transpose(0, 1)
+            k = cache.k[i][:, cells].transpose(0, 1).float()  # [cells, heads, dim], rotated in float32
+            cache.k[i][:, cells] = apply_rope(k, rotations[rope]).transpose(0, 1).to(cache.k.dtype)
 
     def prepare(self, cache: KVCache, positions: np.ndarray, seq_ids: list[tuple[int, ...]],
                 ) -> tuple[np.ndarray, int, dict[int | None, np.ndarray]]:
@@ -521,8 +527,8 @@ class Transformer:
             v = qkv[:, qd + kd:]
             cache.k[i][:, cells] = k.transpose(0, 1)
             cache.v[i][:, cells] = v.view(n, c.n_head_kv, c.head_dim).transpose(0, 1)
-            att = layer.wo(attend(q, cache.k[i][:, :n_kv], cache.v[i][:, :n_kv], masks[self.layer_window(i)],
-                                  c.attn_scale, c.attn_softcap))
+            att = layer.wo(attend(q, cache.k[i][:, :n_kv].to(q.dtype), cache.v[i][:, :n_kv].to(q.dtype),
+                                  masks[self.layer_window(i)], c.attn_scale, c.attn_softcap))
             if layer.post_attn_norm is not None:
                 att = rms_norm(att, layer.post_attn_norm, c.rms_eps)
             x = x + att

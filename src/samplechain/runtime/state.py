@@ -35,12 +35,17 @@ def _identity(model: Any) -> dict[str, Any]:
             "n_embd": c.n_embd, "n_vocab": c.n_vocab}
 
 
+def _dtypes(cache: KVCache) -> dict[str, str]:
+    """The cache's key and value types as a state file names them."""
+    return {"dtype": str(cache.k.dtype).removeprefix("torch."), "dtype_v": str(cache.v.dtype).removeprefix("torch.")}
+
+
 def _write(path: str | os.PathLike[str], model: Any, cache: KVCache, cells: np.ndarray, owners: np.ndarray,
            tokens: list[int]) -> int:
     """Write ``cells`` (in this order) with their ``owners`` bits and ``tokens``; returns the bytes written."""
     idx = torch.from_numpy(cells).to(cache.k.device)
-    header = {**_identity(model), "dtype": str(cache.k.dtype).removeprefix("torch."), "n_seq_max": owners.shape[1],
-              "n_cells": int(cells.size), "tokens": [int(t) for t in tokens]}
+    header = {**_identity(model), **_dtypes(cache), "n_seq_max": owners.shape[1], "n_cells": int(cells.size),
+              "tokens": [int(t) for t in tokens]}
     head = json.dumps(header).encode()
     parts = [MAGIC, struct.pack("<II", VERSION, len(head)), head,
              cache.pos[cells].astype("<i8").tobytes(), owners.astype(np.uint8).tobytes(),
@@ -101,9 +106,10 @@ def _read(path: str, model: Any, cache: KVCache) -> _Saved:
     for key, value in _identity(model).items():
         if header.get(key) != value:
             raise StateError(f"{path}: saved for {key}={header.get(key)!r}, this model has {key}={value!r}")
-    dtype = str(cache.k.dtype).removeprefix("torch.")
-    if header.get("dtype") != dtype:
-        raise StateError(f"{path}: saved with dtype {header.get('dtype')!r}, this cache uses {dtype!r}")
+    saved_types = {"dtype": header.get("dtype"), "dtype_v": header.get("dtype_v", header.get("dtype"))}
+    if saved_types != _dtypes(cache):
+        raise StateError(f"{path}: saved with keys / values of {saved_types['dtype']!r} / {saved_types['dtype_v']!r}, "
+                         f"this cache keeps {_dtypes(cache)['dtype']!r} / {_dtypes(cache)['dtype_v']!r} (-ctk / -ctv)")
     n_cells, n_seq = header.get("n_cells"), header.get("n_seq_max")
     tokens = header.get("tokens")
     if not isinstance(n_cells, int) or not isinstance(n_seq, int) or not isinstance(tokens, list) \
@@ -114,8 +120,7 @@ def _read(path: str, model: Any, cache: KVCache) -> _Saved:
         raise StateError(f"{path}: {n_cells} saved cells do not fit a context of {cache.size}")
     c = model.config
     kv_elems = c.n_layer * c.n_head_kv * n_cells * c.head_dim
-    item = cache.k.element_size()
-    sizes = [n_cells * 8, n_cells * n_seq, kv_elems * item, kv_elems * item]
+    sizes = [n_cells * 8, n_cells * n_seq, kv_elems * cache.k.element_size(), kv_elems * cache.v.element_size()]
     if 12 + n_head + sum(sizes) != len(data):
         raise StateError(f"{path}: state file is {len(data)} bytes, expected {12 + n_head + sum(sizes)} (truncated?)")
     offset = 12 + n_head
@@ -128,9 +133,9 @@ def _read(path: str, model: Any, cache: KVCache) -> _Saved:
     if (pos < 0).any() or (n_cells and not seq.any(axis=1).all()):
         raise StateError(f"{path}: corrupt cell metadata")
     shape = (c.n_layer, c.n_head_kv, n_cells, c.head_dim)
-    np_dtype = torch.empty(0, dtype=cache.k.dtype).numpy().dtype
-    k = torch.from_numpy(np.frombuffer(chunks[2], dtype=np_dtype).reshape(shape).copy())
-    v = torch.from_numpy(np.frombuffer(chunks[3], dtype=np_dtype).reshape(shape).copy())
+    k_dtype, v_dtype = (torch.empty(0, dtype=t.dtype).numpy().dtype for t in (cache.k, cache.v))
+    k = torch.from_numpy(np.frombuffer(chunks[2], dtype=k_dtype).reshape(shape).copy())
+    v = torch.from_numpy(np.frombuffer(chunks[3], dtype=v_dtype).reshape(shape).copy())
     return _Saved(tokens, pos, seq, k, v, len(data))
 
 

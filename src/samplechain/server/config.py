@@ -16,6 +16,13 @@ if TYPE_CHECKING:
     from samplechain.speculative.config import SpeculationConfig
 
 
+def _cache_type_error(flag: str, value: str) -> str | None:
+    from samplechain.runtime.kv_cache import KV_TYPES, KV_TYPES_AS_F16
+
+    known = [*KV_TYPES, *KV_TYPES_AS_F16]
+    return None if value in known else f"{flag}: unsupported cache type {value!r} ({', '.join(known)})"
+
+
 def _defaults() -> Defaults:
     from samplechain.server.request import Defaults
 
@@ -45,6 +52,13 @@ class ServerConfig:
     n_threads: int | None = option(None, "-t", "--threads", type=int, help="CPU threads")
     device: str = option("cpu", "--device", help="torch device: cpu or cuda")
     kernel: str | None = option(None, "--kernel", help="CPU forward kernel (default: the fastest measured here)")
+    cache_type_k: str = option("f16", "-ctk", "--cache-type-k",
+                               check=lambda v: _cache_type_error("-ctk/--cache-type-k", v),
+                               help="the KV cache's type for keys: f16 (default, as llama.cpp) or f32; llama.cpp's "
+                                    "quantized types are kept as f16")
+    cache_type_v: str = option("f16", "-ctv", "--cache-type-v",
+                               check=lambda v: _cache_type_error("-ctv/--cache-type-v", v),
+                               help="the KV cache's type for values: f16 (default) or f32")
     api_keys: tuple[str, ...] = ()
     # loopback pages only; "*" any origin (without credentials), or a list
     cors_origins: str = option("localhost", "--cors-origins",

@@ -84,7 +84,8 @@ class ServerState:
         if loaded is None:
             from samplechain.runtime import load_model
 
-            loaded = load_model(c.model, device=c.device, n_threads=c.n_threads, kernel=c.kernel)
+            loaded = load_model(c.model, device=c.device, n_threads=c.n_threads, kernel=c.kernel,
+                                cache_type_k=c.cache_type_k, cache_type_v=c.cache_type_v)
         draft = None
         if c.model_draft is not None:
             from samplechain.runtime import load_model

@@ -315,7 +315,8 @@ typedef struct {
     const sc_layer *layers;
     const float *output_norm;
     sc_linear output;
-    float attn_softcap, pad;  /* Gemma 2: scores = cap * tanh(scores / cap); 0: none */
+    float attn_softcap;  /* Gemma 2: scores = cap * tanh(scores / cap); 0: none */
+    int32_t kv_f16;      /* bit 0: the keys are halves (IEEE binary16) rather than floats; bit 1: the values */
 } sc_model;
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -466,6 +467,49 @@ static float dot_f32(const float *x, const float *y, int n) { /* n % 16 == 0 */
     float acc[16] = {0};
     for (int i = 0; i < n; i += 16)
         for (int l = 0; l < 16; l++) acc[l] += x[i + l] * y[i + l];
+    return lanes_sum16(acc);
+}
+
+/* IEEE binary16 <-> float: f16 -> float is exact (F16C where compiled in: the same values); float -> f16 rounds to
+   nearest, ties to even, as F16C's VCVTPS2PH with round-to-nearest and llama.cpp's ggml_compute_fp32_to_fp16 do. */
+static float f16_to_f32(uint16_t h);
+static uint16_t f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 | ((ax >> 13) & 0x3ff) : 0));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00);  /* rounds past 65504: infinity */
+    if (ax < 0x38800000u) {  /* below 2^-14: a subnormal half (or zero), rounded to nearest even */
+        if (ax < 0x33000000u) return (uint16_t)sign;  /* below half the smallest subnormal (2^-25): zero */
+        uint32_t e = ax >> 23, man = (ax & 0x7fffffu) | 0x800000u, shift = 126 - e;  /* value = man * 2^(e-150) */
+        uint32_t q = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+        q += rem > half || (rem == half && (q & 1));
+        return (uint16_t)(sign | q);
+    }
+    uint32_t q = ((ax - 0x38000000u) >> 13), rem = ax & 0x1fffu;  /* rebias the exponent by 112 */
+    q += rem > 0x1000u || (rem == 0x1000u && (q & 1));
+    return (uint16_t)(sign | q);
+}
+
+#define MAX_HEAD_DIM 512
+static void halves_to_floats(const uint16_t *h, float *f, int n) {
+    int i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+#endif
+    for (; i < n; i++) f[i] = f16_to_f32(h[i]);
+}
+
+static void floats_to_halves(const float *f, uint16_t *h, int n) {
+    for (int i = 0; i < n; i++) h[i] = f32_to_f16(f[i]);
+}
+
+static float dot_f16(const float *x, const uint16_t *y, int n) { /* n % 16 == 0; dot_f32's order */
+    float acc[16] = {0}, yf[16];
+    for (int i = 0; i < n; i += 16) {
+        halves_to_floats(y + i, yf, 16);
+        for (int l = 0; l < 16; l++) acc[l] += x[i + l] * yf[l];
+    }
     return lanes_sum16(acc);
 }
 
@@ -1619,7 +1663,8 @@ static float gelu_tanh(float x) {
    Returns 0, or -1 (memory). */
 typedef struct {
     const sc_model *M;
-    const float *qkv, *kc, *vc;
+    const float *qkv;
+    const void *kc, *vc;  /* float, or f16 bits (M->kv_f16) */
     const uint8_t *mask;
     float *out, *scratch;  /* scratch: n_kv scores per worker */
     int stride, n_kv;
@@ -1629,27 +1674,35 @@ static void attention_heads(void *p, int begin, int end, int worker) {
     const attention_job *J = p;
     const sc_model *M = J->M;
     int H = M->n_head, Hkv = M->n_head_kv, hd = M->head_dim, group = H / Hkv, n_kv = J->n_kv;
+    int k16 = M->kv_f16 & 1, v16 = (M->kv_f16 >> 1) & 1;
+    size_t ek = k16 ? 2 : 4, ev = v16 ? 2 : 4;
     float *e = J->scratch + (size_t)worker * (n_kv > 0 ? n_kv : 1);
     for (int ih = begin; ih < end; ih++) {
         int i = ih / H, h = ih % H, g = h / group;
         const float *q = J->qkv + (size_t)i * J->stride + h * hd;
-        const float *K = J->kc + (size_t)g * M->kv_size * hd, *V = J->vc + (size_t)g * M->kv_size * hd;
+        const char *K = (const char *)J->kc + (size_t)g * M->kv_size * hd * ek;
+        const char *V = (const char *)J->vc + (size_t)g * M->kv_size * hd * ev;
         const uint8_t *mk = J->mask + (size_t)i * n_kv;
         float *o = J->out + (size_t)i * H * hd + h * hd;
         float mx = -INFINITY;
         for (int j = 0; j < n_kv; j++) {
             if (!mk[j]) continue;
-            e[j] = dot_f32(q, K + (size_t)j * hd, hd) * M->attn_scale;
+            const char *kj = K + (size_t)j * hd * ek;
+            e[j] = (k16 ? dot_f16(q, (const uint16_t *)kj, hd) : dot_f32(q, (const float *)kj, hd)) * M->attn_scale;
             if (M->attn_softcap != 0.0f) e[j] = tanhf(e[j] / M->attn_softcap) * M->attn_softcap;
             mx = e[j] > mx ? e[j] : mx;
         }
         for (int d = 0; d < hd; d++) o[d] = 0.0f;
-        float sum = 0.0f;
+        float sum = 0.0f, vf[MAX_HEAD_DIM];
         for (int j = 0; j < n_kv; j++) {
             if (!mk[j]) continue;
             float p = expf(e[j] - mx);
             sum += p;
-            const float *v = V + (size_t)j * hd;
+            const float *v = (const float *)(V + (size_t)j * hd * ev);
+            if (v16) {
+                halves_to_floats((const uint16_t *)v, vf, hd);
+                v = vf;
+            }
             for (int d = 0; d < hd; d++) o[d] += p * v[d];
         }
         float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
@@ -1657,7 +1710,7 @@ static void attention_heads(void *p, int begin, int end, int worker) {
     }
 }
 
-static int attention(const sc_model *M, int n, const float *qkv, int stride, const float *kc, const float *vc, int n_kv,
+static int attention(const sc_model *M, int n, const float *qkv, int stride, const void *kc, const void *vc, int n_kv,
                      const uint8_t *mask, float *out, int nt) {
     int items = n * M->n_head;
     if (nt > items) nt = items;
@@ -1676,14 +1729,91 @@ static size_t max_in(const sc_model *M) {
     return (size_t)(m > c ? m : c);
 }
 
-/* x [n, n_embd] (embeddings, modified); cells [n]: where each token's K/V go; masks [2][n, n_kv] (global, sliding);
-   rope cos/sin [2][n, head_dim/2] (global base, sliding base); kc/vc: the cache [n_layer, n_head_kv, kv_size, hd];
-   rows [n_out]: tokens whose logits are wanted, written to logits [n_out, n_vocab]. Returns 0, or -1 (memory). */
-int sc_forward(const sc_model *M, int n, float *x, const int64_t *cells, int n_kv, const uint8_t *mask_global,
-               const uint8_t *mask_swa, const float *cos_global, const float *sin_global, const float *cos_swa,
-               const float *sin_swa, float *kc, float *vc, const int64_t *rows, int n_out, float *logits, int nt) {
+/* The per-token steps between the matrix products, one token per item of a parallel loop (each token's values are
+   its own: the bits do not depend on how the tokens are shared out) */
+enum { STEP_ATTN_NORM, STEP_QKV, STEP_ATTN_OUT, STEP_ACT, STEP_FFN_OUT };
+typedef struct {
+    const sc_model *M;
+    const sc_layer *L;
+    int step;
+    float *x, *h, *t1, *t2;
+    const float *cs, *sn;
+    const int64_t *cells;
+    char *K, *V;
+} token_job;
+
+static void token_steps(void *p, int begin, int end, int worker) {
+    const token_job *J = p;
+    const sc_model *M = J->M;
+    const sc_layer *L = J->L;
     int E = M->n_embd, H = M->n_head, Hkv = M->n_head_kv, hd = M->head_dim, F = M->n_ff;
     int qd = H * hd, kd = Hkv * hd, qkv_n = qd + 2 * kd, half = hd / 2;
+    (void)worker;
+    for (int i = begin; i < end; i++) {
+        float *xi = J->x + (size_t)i * E, *o = J->h + (size_t)i * E;
+        switch (J->step) {
+        case STEP_ATTN_NORM:
+            rms_norm(xi, L->attn_norm, o, E, M->eps);
+            break;
+        case STEP_QKV: {
+            float *r = J->t1 + (size_t)i * qkv_n;
+            if (L->qkv_bias)
+                for (int j = 0; j < qkv_n; j++) r[j] += L->qkv_bias[j];
+            if (L->q_norm) {
+                for (int hh = 0; hh < H; hh++) rms_norm(r + hh * hd, L->q_norm, r + hh * hd, hd, M->eps);
+                for (int hh = 0; hh < Hkv; hh++) rms_norm(r + qd + hh * hd, L->k_norm, r + qd + hh * hd, hd, M->eps);
+            }
+            rope(r, H, hd, J->cs + (size_t)i * half, J->sn + (size_t)i * half);
+            rope(r + qd, Hkv, hd, J->cs + (size_t)i * half, J->sn + (size_t)i * half);
+            for (int g = 0; g < Hkv; g++) {
+                size_t at = (size_t)g * M->kv_size + J->cells[i];
+                if (M->kv_f16 & 1)
+                    floats_to_halves(r + qd + g * hd, (uint16_t *)J->K + at * hd, hd);
+                else
+                    memcpy((float *)J->K + at * hd, r + qd + g * hd, sizeof(float) * hd);
+                if (M->kv_f16 & 2)
+                    floats_to_halves(r + qd + kd + g * hd, (uint16_t *)J->V + at * hd, hd);
+                else
+                    memcpy((float *)J->V + at * hd, r + qd + kd + g * hd, sizeof(float) * hd);
+            }
+            break;
+        }
+        case STEP_ATTN_OUT:
+            if (L->post_attn_norm) rms_norm(o, L->post_attn_norm, o, E, M->eps);
+            for (int j = 0; j < E; j++) xi[j] += o[j];
+            rms_norm(xi, L->ffn_norm, o, E, M->eps);
+            break;
+        case STEP_ACT: {
+            const float *g = J->t1 + (size_t)i * 2 * F, *u = g + F;
+            float *a = J->t2 + (size_t)i * F;
+            if (M->gelu)
+                for (int j = 0; j < F; j++) a[j] = gelu_tanh(g[j]) * u[j];
+            else
+                for (int j = 0; j < F; j++) a[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+            break;
+        }
+        case STEP_FFN_OUT:
+            if (L->post_ffn_norm) rms_norm(o, L->post_ffn_norm, o, E, M->eps);
+            for (int j = 0; j < E; j++) xi[j] += o[j];
+            break;
+        }
+    }
+}
+
+static void per_token(token_job *J, int step, int n, int nt) {
+    J->step = step;
+    parallel_for(n, n > 1 ? SPLIT_BATCH : SPLIT_ONE, nt, token_steps, J);  /* one token: on the calling thread */
+}
+
+/* x [n, n_embd] (embeddings, modified); cells [n]: where each token's K/V go; masks [2][n, n_kv] (global, sliding);
+   rope cos/sin [2][n, head_dim/2] (global base, sliding base); kc/vc: the cache [n_layer, n_head_kv, kv_size, hd]
+   (floats, or halves: M->kv_f16); rows [n_out]: tokens whose logits are wanted, written to logits [n_out, n_vocab].
+   Returns 0, or -1 (memory). */
+int sc_forward(const sc_model *M, int n, float *x, const int64_t *cells, int n_kv, const uint8_t *mask_global,
+               const uint8_t *mask_swa, const float *cos_global, const float *sin_global, const float *cos_swa,
+               const float *sin_swa, void *kc, void *vc, const int64_t *rows, int n_out, float *logits, int nt) {
+    int E = M->n_embd, H = M->n_head, Hkv = M->n_head_kv, hd = M->head_dim, F = M->n_ff;
+    int qd = H * hd, kd = Hkv * hd, qkv_n = qd + 2 * kd;
     size_t mi = max_in(M);
     size_t big = (size_t)n * (qkv_n > 2 * F ? qkv_n : 2 * F);
     float *h = malloc(sizeof(float) * (size_t)n * mi), *t1 = malloc(sizeof(float) * big);
@@ -1693,51 +1823,22 @@ int sc_forward(const sc_model *M, int n, float *x, const int64_t *cells, int n_k
     for (int l = 0; ok && l < M->n_layer; l++) {
         const sc_layer *L = &M->layers[l];
         const uint8_t *mask = L->swa ? mask_swa : mask_global;
-        const float *cs = L->swa ? cos_swa : cos_global, *sn = L->swa ? sin_swa : sin_global;
-        float *K = kc + (size_t)l * Hkv * M->kv_size * hd, *V = vc + (size_t)l * Hkv * M->kv_size * hd;
-        for (int i = 0; i < n; i++) rms_norm(x + (size_t)i * E, L->attn_norm, h + (size_t)i * E, E, M->eps);
+        size_t layer = (size_t)Hkv * M->kv_size * hd;
+        token_job J = {M, L, 0, x, h, t1, t2, L->swa ? cos_swa : cos_global, L->swa ? sin_swa : sin_global, cells,
+                       (char *)kc + l * layer * (M->kv_f16 & 1 ? 2 : 4), (char *)vc + l * layer * (M->kv_f16 & 2 ? 2 : 4)};
+        per_token(&J, STEP_ATTN_NORM, n, nt);
         linear(&L->qkv, n, h, &q, t1, M->isa, nt);
-        for (int i = 0; i < n; i++) {
-            float *r = t1 + (size_t)i * qkv_n;
-            if (L->qkv_bias)
-                for (int j = 0; j < qkv_n; j++) r[j] += L->qkv_bias[j];
-            if (L->q_norm) {
-                for (int hh = 0; hh < H; hh++) rms_norm(r + hh * hd, L->q_norm, r + hh * hd, hd, M->eps);
-                for (int hh = 0; hh < Hkv; hh++) rms_norm(r + qd + hh * hd, L->k_norm, r + qd + hh * hd, hd, M->eps);
-            }
-            rope(r, H, hd, cs + (size_t)i * half, sn + (size_t)i * half);
-            rope(r + qd, Hkv, hd, cs + (size_t)i * half, sn + (size_t)i * half);
-            for (int g = 0; g < Hkv; g++) {
-                memcpy(K + ((size_t)g * M->kv_size + cells[i]) * hd, r + qd + g * hd, sizeof(float) * hd);
-                memcpy(V + ((size_t)g * M->kv_size + cells[i]) * hd, r + qd + kd + g * hd, sizeof(float) * hd);
-            }
-        }
-        if (attention(M, n, t1, qkv_n, K, V, n_kv, mask, t2, nt) != 0) {
+        per_token(&J, STEP_QKV, n, nt);
+        if (attention(M, n, t1, qkv_n, J.K, J.V, n_kv, mask, t2, nt) != 0) {
             ok = 0;
             break;
         }
         linear(&L->wo, n, t2, &q, h, M->isa, nt);
-        for (int i = 0; i < n; i++) {
-            float *o = h + (size_t)i * E, *xi = x + (size_t)i * E;
-            if (L->post_attn_norm) rms_norm(o, L->post_attn_norm, o, E, M->eps);
-            for (int j = 0; j < E; j++) xi[j] += o[j];
-            rms_norm(xi, L->ffn_norm, o, E, M->eps);
-        }
+        per_token(&J, STEP_ATTN_OUT, n, nt);
         linear(&L->gate_up, n, h, &q, t1, M->isa, nt);
-        for (int i = 0; i < n; i++) {
-            const float *g = t1 + (size_t)i * 2 * F, *u = g + F;
-            float *a = t2 + (size_t)i * F;
-            if (M->gelu)
-                for (int j = 0; j < F; j++) a[j] = gelu_tanh(g[j]) * u[j];
-            else
-                for (int j = 0; j < F; j++) a[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
-        }
+        per_token(&J, STEP_ACT, n, nt);
         linear(&L->down, n, t2, &q, h, M->isa, nt);
-        for (int i = 0; i < n; i++) {
-            float *o = h + (size_t)i * E, *xi = x + (size_t)i * E;
-            if (L->post_ffn_norm) rms_norm(o, L->post_ffn_norm, o, E, M->eps);
-            for (int j = 0; j < E; j++) xi[j] += o[j];
-        }
+        per_token(&J, STEP_FFN_OUT, n, nt);
     }
     if (ok) {
         for (int i = 0; i < n_out; i++) rms_norm(x + (size_t)rows[i] * E, M->output_norm, h + (size_t)i * E, E, M->eps);
@@ -1747,3 +1848,7 @@ int sc_forward(const sc_model *M, int n, float *x, const int64_t *cells, int n_k
     q16_free(&q);
     return ok ? 0 : -1;
 }
+
+/* exposed for tests: floats to halves and back, as the KV cache stores and reads them */
+void sc_f32_to_f16(const float *f, uint16_t *h, int n) { floats_to_halves(f, h, n); }
+void sc_f16_to_f32(const uint16_t *h, float *f, int n) { halves_to_floats(h, f, n); }
