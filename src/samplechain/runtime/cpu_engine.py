@@ -348,9 +348,9 @@ def _from_cache(transformer: Transformer, linears: list[Linear]) -> str | None:
     found = pack_cache.read(cache_dir(), name)
     if found is None or len(found[0]) != len(linears):
         return name
-    records, data = found
+    records, _ = found  # each array is a view of the mapping, which keeps it open
     for lin, segments in zip(linears, records, strict=True):
-        own: list = [data]
+        own: list = []
         lin.engine_form = (_from_records(segments, own), own)
     return None
 
