@@ -10,6 +10,18 @@ from samplechain import Vocab
 CASES = json.loads((Path(__file__).parent / "grammar_cases.json").read_text(encoding="utf-8"))
 
 
+_PACKAGED: dict[str, Vocab] = {}
+
+
+def packaged_vocab(name: str) -> Vocab:
+    """A packaged model's vocabulary, straight from its GGUF (once per session: its token table is built once)."""
+    if name not in _PACKAGED:
+        from samplechain.runtime import model_path
+
+        _PACKAGED[name] = Vocab.from_gguf(model_path(name))
+    return _PACKAGED[name]
+
+
 def normalise(grammar: str) -> str:
     """As llama.cpp's test-json-schema-to-grammar: trim, strip leading blanks of every line."""
     return "\n".join(line.lstrip(" \t") for line in grammar.strip().split("\n"))

@@ -10,10 +10,10 @@ for lazy grammars too.
 
 import numpy as np
 import pytest
+from tests.grammar.conftest import packaged_vocab
 
-from samplechain import Candidates, Vocab
+from samplechain import Candidates
 from samplechain.grammar import GrammarError, GrammarSampler, MaskEngine, TokenTable, json_schema_to_gbnf
-from samplechain.runtime import model_path
 
 # per vocabulary: size, special (control and unknown) and EOG sets as llama.cpp builds them (<repo_name> and Gemma's
 # FIM separator end generation), a turn-start control token, an EOG turn end,
@@ -26,14 +26,11 @@ MODELS = {
                     "quote": 236775},
 }
 STRING = json_schema_to_gbnf({"type": "string"})
-_VOCABS: dict[str, Vocab] = {}
 
 
 def load(name):
     """A packaged model's vocabulary, straight from its GGUF (once per session)."""
-    if name not in _VOCABS:
-        _VOCABS[name] = Vocab.from_gguf(model_path(name))
-    return _VOCABS[name]
+    return packaged_vocab(name)
 
 
 @pytest.fixture(scope="module", params=list(MODELS))

@@ -102,17 +102,6 @@ class CharSet:
             hit = (i >= 0) & (cps <= self.ends[np.maximum(i, 0)])
         return ~hit if self.negated else hit
 
-    def lut(self, size: int) -> np.ndarray:
-        """Membership of every code point below ``size`` as a lookup table."""
-        table = np.zeros(size, dtype=bool)
-        if self.any:
-            table[:] = True
-            return table
-        for lo, hi in self.intervals:
-            if lo < size:
-                table[lo : min(hi, size - 1) + 1] = True
-        return ~table if self.negated else table
-
     def can_complete(self, partial: Partial) -> bool:
         """Whether a pending partial UTF-8 sequence can still complete to a member (llama.cpp's partial match)."""
         rng = partial_range(partial)
@@ -170,6 +159,15 @@ class Grammar:
         for pos, t in enumerate(self.types):
             if t in _CHARSET:
                 self.charsets[pos] = self._charset(pos)
+        self._ends = [t in (END, ALT) for t in self.types]  # the position ends an alternative
+        self._alts: list[tuple[int, ...]] = []  # each rule's alternatives, as their first positions in order
+        for start in self.rule_start:
+            alts, pos = [start], start
+            while self.types[pos] != END:
+                if self.types[pos] == ALT:
+                    alts.append(pos + 1)
+                pos += 1
+            self._alts.append(tuple(alts))
         self._advance: dict[Stack, tuple[Stack, ...]] = {}
         self._step: dict[Stack, tuple[Stack, ...]] = {}
         self._states: dict[tuple[frozenset, Partial], State] = {}
@@ -206,7 +204,7 @@ class Grammar:
                 return CharSet(intervals, negated, any_char, pos)
 
     def _end(self, pos: int) -> bool:
-        return self.types[pos] in (END, ALT)
+        return self._ends[pos]
 
     def _initial_stacks(self) -> tuple[Stack, ...]:
         out: list[Stack] = []
@@ -223,7 +221,7 @@ class Grammar:
 
     def _then(self, stack: Stack, nxt: int) -> Stack:
         """``stack`` with its top replaced by position ``nxt``, or popped when ``nxt`` ends the alternative."""
-        return stack[:-1] if self._end(nxt) else (*stack[:-1], nxt)
+        return stack[:-1] if self._ends[nxt] else (*stack[:-1], nxt)
 
     # --- stacks -------------------------------------------------------------------------------------------
 
@@ -237,7 +235,7 @@ class Grammar:
 
     def _expand(self, stack: Stack) -> tuple[Stack, ...]:
         """llama.cpp's advance_stack: a LIFO work list, alternatives in definition order, results in pop order."""
-        types, values, rule_start = self.types, self.values, self.rule_start
+        types, values, alts, ends = self.types, self.values, self._alts, self._ends
         out: list[Stack] = []
         todo = [stack]
         seen: set[Stack] = set()
@@ -254,15 +252,9 @@ class Grammar:
                                        "rewrite ambiguous repetitions (e.g. x? x? x? as x{0,3})")
                 continue
             pos = s[-1]
-            base = self._then(s, pos + 1)
-            sub = rule_start[values[pos]]
-            while True:
-                todo.append(base if self._end(sub) else (*base, sub))
-                while not self._end(sub):
-                    sub += 1
-                if types[sub] != ALT:
-                    break
-                sub += 1
+            base = s[:-1] if ends[pos + 1] else (*s[:-1], pos + 1)
+            for sub in alts[values[pos]]:
+                todo.append(base if ends[sub] else (*base, sub))
         return tuple(out)
 
     def step(self, stack: Stack) -> tuple[Stack, ...]:
