@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from samplechain.chat import ChatTemplate
+from samplechain.runtime.decoding import Rules
 from samplechain.server import responses as rs
 from samplechain.server.request import Options
 
@@ -17,7 +18,7 @@ def props_body(state: Any, sleeping: bool) -> dict[str, Any]:
     config = state.config
     m = state.model
     vocab = m.vocab
-    opts = Options(n_predict=config.defaults.n_predict, n_keep=config.defaults.n_keep)
+    opts = Options(Rules(n_predict=config.defaults.n_predict, n_keep=config.defaults.n_keep))
 
     def text(t: int | None) -> str:
         return vocab.token_bytes(t).decode("utf-8", "replace") if t is not None else ""

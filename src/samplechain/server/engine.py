@@ -32,7 +32,7 @@ from dataclasses import replace
 from typing import Any
 
 from samplechain.params import CommonSampler
-from samplechain.runtime.decoding import Decoder, Rules
+from samplechain.runtime.decoding import Decoder
 from samplechain.runtime.embeddings import POOLING, normalize, pool
 from samplechain.runtime.events import Begin, Embeddings, Error, Final, Progress, Token
 from samplechain.runtime.generation import Model
@@ -293,13 +293,12 @@ class Engine:
             return
         n_cached = slot.seq.reuse(task.tokens) if task.cache_prompt else 0  # >= 1 token is decoded again
         slot.seq.truncate(n_cached)  # (without cache_prompt: nothing kept)
-        n_keep = task.n_keep if 0 <= task.n_keep <= len(task.tokens) else len(task.tokens)
-        rules = Rules(n_predict=max(task.n_predict, 1) if task.n_predict >= 0 else -1,
-                      n_keep=min(slot.n_ctx - 4, n_keep + int(self.vocab.add_bos)), n_discard=task.n_discard,
-                      context_shift=self.context_shift, stop=task.stop, server=True, special=self.special,
-                      preserved=self._preserved(task.params.preserved_tokens),
-                      n_indent=task.n_indent, t_max_predict_ms=task.t_max_predict_ms,
-                      probs=task.params.n_probs > 0)
+        asked = task.rules
+        n_keep = asked.n_keep if 0 <= asked.n_keep <= len(task.tokens) else len(task.tokens)
+        rules = replace(asked, n_predict=max(asked.n_predict, 1) if asked.n_predict >= 0 else -1,
+                        n_keep=min(slot.n_ctx - 4, n_keep + int(self.vocab.add_bos)),
+                        context_shift=self.context_shift, server=True, special=self.special,
+                        preserved=self._preserved(task.params.preserved_tokens), probs=task.params.n_probs > 0)
         d = Decoder(slot.seq, sampler, self.vocab, rules, n_prompt=len(task.tokens), speculation=spec)
         d.timings.n_reused, d.timings.n_prompt = n_cached, len(task.tokens) - n_cached
         slot.running = (task, d)

@@ -17,6 +17,7 @@ from samplechain.grammar import GrammarError
 from samplechain.grammar.engine import time_budget
 from samplechain.grammar.json_schema import server_response_schema
 from samplechain.params import CommonSampler, SamplingParams, tokenize_logit_bias
+from samplechain.runtime.decoding import Rules
 from samplechain.runtime.generation import Model
 from samplechain.server import limits
 from samplechain.server.limits import (
@@ -108,19 +109,16 @@ _malloc_trim: Any = None
 
 @dataclass
 class Options:
-    """A completion request's fields that are not sampling parameters."""
+    """A completion request's fields that are not sampling parameters: its stop and limit rules (``Rules``, the one
+    home of n_predict, n_keep, n_discard, stop, n_indent and t_max_predict_ms; the engine fills in what depends on
+    the slot) and how the request is run and answered."""
 
-    n_predict: int = -1
-    n_keep: int = 0
-    n_discard: int = 0
+    rules: Rules = field(default_factory=Rules)
     n_cmpl: int = 1
-    n_indent: int = 0
-    t_max_predict_ms: float = -1.0
     cache_prompt: bool = True
     id_slot: int = -1
     stream: bool = False
     include_usage: bool = False
-    stop: tuple[str, ...] = ()
     return_tokens: bool = False
     return_progress: bool = False
     timings_per_token: bool = False
@@ -203,17 +201,18 @@ def parse_options(body: Mapping[str, Any], defaults: Defaults, n_slots: int) -> 
     if t_max is not None and (isinstance(t_max, bool) or not isinstance(t_max, (int, float))):
         raise bad_request("Field 't_max_predict_ms': must be a number")
     return Options(
-        n_predict=int_field(body, ("n_predict", "max_completion_tokens", "max_tokens"), defaults.n_predict, -1),
-        n_keep=int_field(body, ("n_keep",), defaults.n_keep, -1),
-        n_discard=int_field(body, ("n_discard",), 0, 0),
+        rules=Rules(n_predict=int_field(body, ("n_predict", "max_completion_tokens", "max_tokens"), defaults.n_predict,
+                                        -1),
+                    n_keep=int_field(body, ("n_keep",), defaults.n_keep, -1),
+                    n_discard=int_field(body, ("n_discard",), 0, 0),
+                    stop=stop,
+                    n_indent=int_field(body, ("n_indent",), 0, 0),
+                    t_max_predict_ms=-1.0 if t_max is None else float(t_max)),
         n_cmpl=int_field(body, ("n_cmpl", "n"), 1, 1, n_slots),
-        n_indent=int_field(body, ("n_indent",), 0, 0),
-        t_max_predict_ms=-1.0 if t_max is None else float(t_max),
         cache_prompt=bool_field(body, "cache_prompt", defaults.cache_prompt),
         id_slot=int_field(body, ("id_slot",), -1),
         stream=bool_field(body, "stream", False),
         include_usage=bool(stream_options and bool_field(stream_options, "include_usage", False)),
-        stop=stop,
         return_tokens=bool_field(body, "return_tokens", False),
         return_progress=bool_field(body, "return_progress", False),
         timings_per_token=bool_field(body, "timings_per_token", False),

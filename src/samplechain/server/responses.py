@@ -13,7 +13,7 @@ from fastapi.responses import Response
 from samplechain.chat import ChatMessage, ChatSyntax, MessageDiff, MessageStream, parse
 from samplechain.chat.messages import random_id
 from samplechain.params import SamplingParams
-from samplechain.runtime.decoding import Timings
+from samplechain.runtime.decoding import Rules, Timings
 from samplechain.runtime.events import Error, Final, Progress, Token
 from samplechain.server.limits import APIError
 from samplechain.server.request import Options, finite
@@ -79,7 +79,8 @@ def completion_id() -> str:
 def settings(params: SamplingParams, opts: Options | None = None, *, full: bool = False,
              eog: tuple[int, ...] = ()) -> dict[str, Any]:
     """``generation_settings`` (``full``) or the compact ``params`` of ``/props`` and ``/slots``."""
-    n_predict = opts.n_predict if opts else -1
+    rules = opts.rules if opts else Rules()
+    n_predict = rules.n_predict
     d: dict[str, Any] = {
         "seed": params.seed, "temperature": params.temperature, "dynatemp_range": params.dynatemp_range,
         "dynatemp_exponent": params.dynatemp_exponent, "top_k": params.top_k, "top_p": params.top_p,
@@ -91,8 +92,8 @@ def settings(params: SamplingParams, opts: Options | None = None, *, full: bool 
         "dry_penalty_last_n": params.dry_penalty_last_n, "mirostat": params.mirostat,
         "mirostat_tau": params.mirostat_tau, "mirostat_eta": params.mirostat_eta,
         "adaptive_target": params.adaptive_target, "adaptive_decay": params.adaptive_decay,
-        "max_tokens": n_predict, "n_predict": n_predict, "n_keep": opts.n_keep if opts else 0,
-        "n_discard": opts.n_discard if opts else 0, "ignore_eos": params.ignore_eos,
+        "max_tokens": n_predict, "n_predict": n_predict, "n_keep": rules.n_keep,
+        "n_discard": rules.n_discard, "ignore_eos": params.ignore_eos,
         "stream": opts.stream if opts else False, "n_probs": params.n_probs, "min_keep": params.min_keep,
         "chat_format": "Content-only", "reasoning_format": "none", "reasoning_in_content": False,
         "generation_prompt": params.generation_prompt, "samplers": list(params.samplers),
@@ -104,7 +105,7 @@ def settings(params: SamplingParams, opts: Options | None = None, *, full: bool 
         if params.ignore_eos:
             biases += [{"bias": None, "token": t} for t in eog]
         d.update({
-            "dry_sequence_breakers": list(params.dry_sequence_breakers), "stop": list(opts.stop if opts else ()),
+            "dry_sequence_breakers": list(params.dry_sequence_breakers), "stop": list(rules.stop),
             "logit_bias": biases, "grammar": params.grammar, "grammar_lazy": params.grammar_lazy,
             "grammar_triggers": [{"type": k, "value": v} for k, v, _ in params.grammar_triggers],
             "preserved_tokens": list(params.preserved_tokens),

@@ -38,7 +38,8 @@ def router(state: ServerState) -> APIRouter:
         t = wire.translate(body, state.config.reasoning_format)
         _, opts, todo, chat = prepare_messages(state, t.fields, t.messages, t.request, t.options)
         room = state.running_engine.n_ctx_slot - len(todo[0].tokens)
-        return t, replace(opts, n_predict=min(opts.n_predict, room), return_progress=True), todo[0], chat
+        rules = replace(opts.rules, n_predict=min(opts.rules.n_predict, room))
+        return t, replace(opts, rules=rules, return_progress=True), todo[0], chat
 
     @routes.post("/v1/messages")
     @routes.post("/messages")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from samplechain.runtime.decoding import Rules
 from samplechain.runtime.events import Event, Final, Progress, Token
 from samplechain.runtime.state import StateError, load_seq_state, save_seq_state
 from samplechain.server import limits
@@ -137,7 +138,7 @@ def router(state: ServerState) -> APIRouter:
             if last is not None:
                 d.update({k: last[k] for k in ("id_task", "n_prompt_tokens", "n_prompt_tokens_processed",
                                                "n_prompt_tokens_cache")})
-                d["params"] = rs.settings(last["params"], Options(n_predict=last["n_predict"]))
+                d["params"] = rs.settings(last["params"], Options(Rules(n_predict=last["n_predict"])))
                 d["next_token"] = [{"has_next_token": running,
                                     "has_new_line": running and last["has_new_line"],
                                     "n_remain": last["n_remain"],

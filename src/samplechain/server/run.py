@@ -46,9 +46,8 @@ class Run:
         self._next_poll = self.loop.time() + DISCONNECT_POLL  # when to check the client's connection next
 
     def submit(self, job: Job, opts: Options, index: int) -> None:
-        self.add(Task(tokens=job.tokens, params=job.params, emit=self.emitter(index), n_predict=opts.n_predict,
-                      n_keep=opts.n_keep, n_discard=opts.n_discard, stop=opts.stop, cache_prompt=opts.cache_prompt,
-                      id_slot=opts.id_slot, n_indent=opts.n_indent, t_max_predict_ms=opts.t_max_predict_ms,
+        self.add(Task(tokens=job.tokens, params=job.params, emit=self.emitter(index), rules=opts.rules,
+                      cache_prompt=opts.cache_prompt, id_slot=opts.id_slot,
                       return_progress=opts.return_progress and opts.stream, sampler=job.sampler))
 
     def emitter(self, index: int) -> Callable[[Event], None]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from samplechain.params import CommonSampler, SamplingParams
-from samplechain.runtime.decoding import Decoder
+from samplechain.runtime.decoding import Decoder, Rules
 from samplechain.runtime.events import Event
 from samplechain.runtime.sequence import Sequence as CacheSequence
 
@@ -20,14 +20,9 @@ class Task:
     tokens: list[int]
     params: SamplingParams
     emit: Callable[[Event], None]
-    n_predict: int = -1
-    n_keep: int = 0
-    n_discard: int = 0
-    stop: tuple[str, ...] = ()
+    rules: Rules = field(default_factory=Rules)  # the request's stop and limits; the engine adds the slot's part
     cache_prompt: bool = True
     id_slot: int = -1
-    n_indent: int = 0
-    t_max_predict_ms: float = -1.0
     return_progress: bool = False
     sampler: CommonSampler | None = None  # built (grammar compiled) off the engine thread; else built at launch
     id: int = 0
@@ -88,10 +83,10 @@ class Slot:
         if d is None:  # an embedding task
             return True, {"id_task": task.id, "n_prompt_tokens": len(task.tokens),
                           "n_prompt_tokens_processed": len(task.tokens), "n_prompt_tokens_cache": 0,
-                          "params": task.params, "n_decoded": 0, "n_predict": task.n_predict, "n_remain": -1,
+                          "params": task.params, "n_decoded": 0, "n_predict": task.rules.n_predict, "n_remain": -1,
                           "has_new_line": False}
         return True, {"id_task": task.id, "n_prompt_tokens": len(task.tokens),
                       "n_prompt_tokens_processed": d.timings.n_prompt, "n_prompt_tokens_cache": d.timings.n_reused,
-                      "params": task.params, "n_decoded": len(d.generated), "n_predict": task.n_predict,
-                      "n_remain": -1 if task.n_predict < 0 else max(task.n_predict - len(d.generated), 0),
+                      "params": task.params, "n_decoded": len(d.generated), "n_predict": task.rules.n_predict,
+                      "n_remain": -1 if task.rules.n_predict < 0 else max(task.rules.n_predict - len(d.generated), 0),
                       "has_new_line": d.has_new_line}
