@@ -7,7 +7,7 @@ import concurrent.futures
 import pytest
 from tests.server.conftest import call, live_server
 
-from samplechain.runtime.speculation import Speculation
+from samplechain.runtime.speculation import LinearCost, Speculation
 from samplechain.speculative.config import SpeculationConfig
 
 REQUEST = {"prompt": "I believe the meaning of life is", "temperature": 0.2, "top_k": 5, "seed": 4242,
@@ -105,6 +105,6 @@ def test_adaptive_length_never_below_draft_min():
         def accept(self, n_accepted, is_other=False):
             pass
 
-    spec = Speculation([Eight()], n_max=8, n_min=4)
-    assert spec.best_length(spec.stats["eight"].rate, 8) < 4  # the unmeasured guess alone picks a shorter draft
+    spec = Speculation([Eight()], n_max=8, n_min=4, cost=LinearCost(0.5))
+    assert spec.best_length(spec.stats["eight"].rate, 8) == 1  # a dear verify batch alone picks a shorter draft
     assert spec.propose([1, 2], 3, 8) == [0, 1, 2, 3]

@@ -8,7 +8,7 @@ from scipy import stats as scipy_stats
 
 from samplechain import SamplingParams
 from samplechain.params import CommonSampler
-from samplechain.runtime.speculation import Speculation, speculative_sample, target_distribution
+from samplechain.runtime.speculation import LinearCost, Speculation, speculative_sample, target_distribution
 from samplechain.speculative.draft_model import DraftModel, check_compatible
 
 PARA = ("The ocean covers seventy percent of the planet. Its currents move heat from the equator to the poles, and "
@@ -103,10 +103,9 @@ def test_rejected_drafts_leave_no_cells(smol):
 
 
 def test_adaptive_length_stops_drafting_what_is_never_accepted(smol):
-    spec = Speculation([Wrong()], probe_every=16)
-    for b in range(1, 18):  # a fixed cost model (each token past the first costs a quarter step) instead of this
-        spec.record_time(b, 1e-3 * (1 + 0.25 * (b - 1)))  # machine's timings, which made the test flaky
-    spec.record_time = lambda batch, seconds: None
+    # a fixed cost model (each token past the first costs a quarter step) instead of this machine's timings, which
+    # made the test flaky; the exact lengths are in test_policy.py
+    spec = Speculation([Wrong()], probe_every=16, cost=LinearCost(0.25))
     "".join(smol.generate(TASKS["story"], SamplingParams(seed=2), n_predict=64, speculation=spec))
     s = spec.stats["wrong"]
     assert s.accepted == 0 and s.drafts <= 12 and s.drafted <= 24  # probes only, after the first rejections
@@ -133,10 +132,11 @@ def test_speculation_parameters_are_checked():
 def test_best_length_follows_cost_and_acceptance():
     spec = Speculation([])
     spec.record_time(1, 0.010)
-    spec.record_time(5, 0.015)  # 5 tokens cost 1.5 single steps
-    assert spec.best_length(0.95, 16) >= 8
+    spec.record_time(5, 0.015)  # 5 tokens cost 1.5 single steps: each one past the first 1/8 of a step
+    assert spec.cost.slope == 0.125
+    assert spec.best_length(0.99, 16) == 16
     assert spec.best_length(0.05, 16) == 0
-    assert 0 < spec.best_length(0.6, 16) < 8
+    assert spec.best_length(0.6, 16) == 3
 
 
 # --- distribution-preserving speculative sampling ---------------------------------------------------------------

@@ -3,13 +3,21 @@
 Drafters (``samplechain.speculative``: the n-gram family, a draft model) propose tokens; the target verifies
 ``[id_last, d0 .. dk-1]`` in one batch with llama.cpp's sample-and-compare (``CommonSampler.sample_and_accept_n``):
 every emitted token is the target's own sample from its own logits, so with batch-invariant logits the text is
-exactly the text of plain decoding, for any sampler and seed.
+exactly the text of plain decoding, for any sampler and seed, whatever the draft length.
 
-The draft length adapts to what a verify batch costs on this machine and to how often drafts are accepted: with a
-per-token acceptance rate ``a`` (estimated per drafter) a draft of ``k`` tokens emits ``1 + a + ... + a^k`` tokens
-on average, for the price of a ``k + 1``-token forward (measured as it runs). The length maximising tokens per
-second wins; when no length beats plain decoding, nothing is drafted (a 1-token probe now and then keeps the
-estimate alive), so open-ended text is not slowed down.
+The draft length (docs/speculative.md, "The draft length") is the smallest of three bounds:
+
+* a window per drafter that grows while its drafts are accepted (a fully accepted draft of ``k`` tokens lets the
+  next one be ``2k`` long, up to ``--draft-max``) and shrinks on a rejection (to the middle of what was drafted and
+  what was accepted);
+* the length with the most expected tokens per unit of time: with a per-token acceptance rate ``a`` (estimated per
+  drafter) a draft of ``k`` tokens emits ``1 + a + ... + a^k`` tokens on average, for the price of a ``k + 1``-token
+  verify batch, whose cost relative to a one-token step is measured from the engine's own forward timings as it
+  runs (``MeasuredCost``). When no length beats plain decoding, nothing is drafted (a short probe now and then keeps
+  the estimate alive), so open-ended text is not slowed down;
+* what the drafter proposes, the room left in the context and ``n_predict``.
+
+It is never below ``--draft-min``: a shorter draft would be dropped, and with it every later measurement.
 """
 
 from __future__ import annotations
@@ -24,9 +32,10 @@ import numpy as np
 from samplechain.candidates import Candidates
 from samplechain.params import CommonSampler
 
-# before a forward of a size has been timed: each token past the first costs this share of a one-token step
-# (measured 0.2-0.35 on the compiled CPU engine; a cautious start: early drafts stay short until timed)
-GUESS = 0.4
+START = 4  # a drafter's first window, and the length of a probe after a run of rounds that drafted nothing
+MARGIN = 1.05  # drafting must beat plain decoding by this factor in expected tokens per unit of time (noise)
+KEEP = 32  # forwards of one batch size remembered by ``MeasuredCost``
+RECENT = 3  # one-token steps a batch is compared with (the latest ones: their median)
 
 
 @runtime_checkable
@@ -47,15 +56,105 @@ class Drafter(Protocol):
         """After verification; ``is_other`` when another drafter's draft was the one verified."""
 
 
+@runtime_checkable
+class CostModel(Protocol):
+    """What a verify batch costs: ``ratio(n)`` is a forward of ``n`` tokens over a one-token decode step."""
+
+    def record(self, batch: int, seconds: float) -> None:
+        """A forward of ``batch`` tokens took ``seconds`` (the drafter's time for it included)."""
+
+    def ratio(self, batch: int) -> float | None:
+        """The cost of a ``batch``-token forward in one-token steps; None while it is not known."""
+
+
+@dataclass
+class MeasuredCost:
+    """The cost of a verify batch on this machine, measured from the engine's own forwards as they run.
+
+    Every forward is timed by the decode loop (the drafter's work for it included). A forward of ``n > 1`` tokens
+    counts as its ratio to the median of the ``RECENT`` one-token steps before it: both measured under the same load
+    (the machine may be shared, and its load changes within a generation), where a fastest-ever step against a batch
+    timed under load would make drafting look dear. Each size keeps its last ``KEEP`` ratios and counts by their
+    median (a forward slowed by a burst of load elsewhere does not move it). The cost of ``n`` tokens is then
+    ``1 + slope * (n - 1)`` one-token steps, ``slope`` the least-squares line through (1, 1) and each size's median
+    ratio, weighted by how many times the size was measured. Unknown (None) until a one-token step and a batch
+    of two or more tokens have been timed (batches timed before the first step count against it): the first drafts
+    are the measurement."""
+
+    steps: deque[float] = field(default_factory=lambda: deque(maxlen=KEEP))  # one-token forwards, seconds
+    ratios: dict[int, deque[float]] = field(default_factory=dict)  # batch size -> its forwards / recent steps
+    seconds: dict[int, deque[float]] = field(default_factory=dict)  # batch size -> its forwards, seconds
+    pending: list[tuple[int, float]] = field(default_factory=list)  # (size, seconds) before any one-token step
+    _slope: tuple[float | None] | None = None  # the fit, until the next forward is recorded
+
+    def record(self, batch: int, seconds: float) -> None:
+        if batch < 1 or not seconds > 0:
+            return
+        self._slope = None
+        self.seconds.setdefault(batch, deque(maxlen=KEEP)).append(seconds)
+        if batch == 1:
+            self.steps.append(seconds)
+            for b, s in self.pending:  # batches timed before any one-token step: against the first one
+                self.ratios.setdefault(b, deque(maxlen=KEEP)).append(s / seconds)
+            self.pending.clear()
+        elif self.steps:
+            step = float(np.median(list(self.steps)[-RECENT:]))
+            self.ratios.setdefault(batch, deque(maxlen=KEEP)).append(seconds / step)
+        elif len(self.pending) < KEEP:
+            self.pending.append((batch, seconds))
+
+    @property
+    def slope(self) -> float | None:
+        """Each token past the first, in one-token steps (>= 0); None until measured."""
+        if self._slope is None:
+            num = den = 0.0
+            for batch, ratios in self.ratios.items():
+                x, y, w = batch - 1, float(np.median(ratios)) - 1.0, len(ratios)
+                num += w * x * y
+                den += w * x * x
+            self._slope = (max(num / den, 0.0) if den else None,)
+        return self._slope[0]
+
+    def ratio(self, batch: int) -> float | None:
+        s = self.slope
+        return None if s is None else 1.0 + s * (batch - 1)
+
+    def describe(self) -> str:
+        """The measurement in words: the most measured batch size against a one-token step (medians, ms), and the
+        fitted cost of each token past the first."""
+        s = self.slope
+        if s is None:
+            return "not measured"
+        n = max(self.ratios, key=lambda b: (len(self.ratios[b]), b))
+        tn, t1 = float(np.median(self.seconds[n])), float(np.median(self.steps))
+        return (f"{n} tokens {1e3 * tn:.1f} ms vs 1 token {1e3 * t1:.1f} ms "
+                f"({float(np.median(self.ratios[n])):.2f}x), +{s:.3f} step per token")
+
+
+@dataclass(frozen=True)
+class LinearCost:
+    """A fixed cost model: ``n`` tokens cost ``1 + slope * (n - 1)`` one-token steps (tests, simulations)."""
+
+    slope: float
+
+    def record(self, batch: int, seconds: float) -> None:
+        pass
+
+    def ratio(self, batch: int) -> float | None:
+        return 1.0 + self.slope * (batch - 1)
+
+
 @dataclass
 class DrafterStats:
-    """llama.cpp's per-implementation counters, plus the acceptance estimate the policy uses."""
+    """llama.cpp's per-implementation counters, plus the policy's state for the drafter: its acceptance estimate
+    and its window (the longest draft it may make next)."""
 
     drafts: int = 0          # drafts generated
     drafted: int = 0         # tokens drafted (after the length cap)
     accepted_drafts: int = 0  # drafts with at least one token accepted
     accepted: int = 0        # draft tokens accepted
     rejected_rounds: int = 0  # rounds that ended on a rejection
+    window: int = START      # the adaptive policy's window
 
     @property
     def rate(self) -> float:
@@ -64,12 +163,19 @@ class DrafterStats:
         return (self.accepted + 1.5) / (self.accepted + self.rejected_rounds + 2)
 
 
+def expected_tokens(rate: float, k: int) -> float:
+    """Tokens a round emits on average with a draft of ``k`` tokens, each accepted with probability ``rate`` given
+    the ones before it: ``1 + rate + ... + rate^k`` (the target's own token ends every round)."""
+    return float(sum(rate ** i for i in range(k + 1)))
+
+
 @dataclass
 class Speculation:
     """Drafters in priority order, the draft length limits, and the adaptive policy.
 
     ``n_max``: the longest draft (llama.cpp's ``--draft-max``); ``n_min``: shorter drafts are dropped
-    (``--draft-min``); ``adaptive``: choose the length by measured cost and acceptance (else always up to n_max).
+    (``--draft-min``); ``adaptive``: choose the length by the window, measured cost and acceptance (else always up
+    to n_max); ``cost``: the verify cost model (measured as it runs unless one is given).
     """
 
     drafters: list[Drafter]
@@ -84,9 +190,9 @@ class Speculation:
     # --spec-synth-rates / --spec-synth-len (benchmarking): position i's draft token is accepted with this
     # conditional probability instead of by comparison (``synth_probabilities``); empty: off
     synth: tuple[float, ...] = ()
+    cost: CostModel = field(default_factory=MeasuredCost)
     stats: dict[str, DrafterStats] = field(default_factory=dict)
     rounds: int = 0          # verification rounds
-    _times: dict[int, deque] = field(default_factory=dict)  # batch size -> the last forwards' seconds
     _idle: int = 0
     _last: Drafter | None = None
 
@@ -110,48 +216,43 @@ class Speculation:
         for d in self.drafters:
             d.begin(prompt)
 
-    # --- the cost model -----------------------------------------------------------------------------------
+    # --- the length -----------------------------------------------------------------------------------------
 
     def record_time(self, batch: int, seconds: float) -> None:
-        """A forward of ``batch`` tokens took ``seconds``. The cost of a size is the fastest of its last 32
-        forwards: a busy machine only ever slows a forward down, so the minimum is the forward's own cost."""
-        self._times.setdefault(batch, deque(maxlen=32)).append(seconds)
-
-    def _time(self, batch: int) -> float | None:
-        times = self._times.get(batch)
-        return min(times) if times else None
-
-    def cost(self, batch: int) -> float:
-        """A forward of ``batch`` tokens relative to one token: measured, else interpolated, else a guess."""
-        t1 = self._time(1)
-        if t1 is None:
-            return 1.0 + GUESS * (batch - 1)
-        tb = self._time(batch)
-        if tb is not None:
-            return max(tb / t1, 1.0)
-        sizes = sorted(b for b in self._times if b > 1)
-        if not sizes:
-            return 1.0 + GUESS * (batch - 1)
-        b = min(sizes, key=lambda s: abs(s - batch))
-        per_token = (self._time(b) / t1 - 1.0) / (b - 1)  # type: ignore[operator]
-        return 1.0 + max(per_token, 0.0) * (batch - 1)
+        """A forward of ``batch`` tokens took ``seconds`` (the decode loop reports every one, drafted or not)."""
+        self.cost.record(batch, seconds)
 
     def best_length(self, rate: float, limit: int) -> int:
-        """The draft length with the most expected tokens per unit of time (0: plain decoding is best)."""
-        best_k, best = 0, 1.0
-        gain, term = 1.0, 1.0
+        """The draft length (0..limit) with the most expected tokens per unit of time; 0 when no length beats plain
+        decoding by ``MARGIN``; ``limit`` while the verify cost is not measured yet."""
+        if self.cost.ratio(2) is None:
+            return limit
+        best_k, best = 0, MARGIN
         for k in range(1, limit + 1):
-            term *= rate
-            gain += term
-            speed = gain / self.cost(k + 1)
-            if speed > best * 1.05:  # a margin against noise in the measured costs
+            speed = expected_tokens(rate, k) / self.cost.ratio(k + 1)  # type: ignore[operator]
+            if speed > best:
                 best_k, best = k, speed
         return best_k
+
+    def length(self, name: str, limit: int) -> int:
+        """How many tokens drafter ``name`` may draft this round (at most ``limit``; 0: none)."""
+        if not self.adaptive:
+            return limit
+        s = self.stats[name]
+        cap = min(limit, s.window, self.best_length(s.rate, limit))
+        if cap == 0:
+            self._idle += 1
+            if self._idle < self.probe_every:
+                return 0
+            cap = min(limit, START)  # a probe keeps the acceptance estimate current
+        # never below --draft-min: a shorter draft would be dropped, and with it every later measurement (af4ce3c)
+        return max(cap, min(self.n_min, limit))
 
     # --- one round ------------------------------------------------------------------------------------------
 
     def propose(self, history: Sequence[int], id_last: int, limit: int) -> list[int]:
-        """A draft of at most ``limit`` tokens after ``id_last`` (the first drafter with a proposal wins)."""
+        """A draft of at most ``limit`` tokens after ``id_last`` (the first drafter with a proposal wins, as
+        llama.cpp's ``common_speculative_draft``, common/speculative.cpp)."""
         self._last = None
         limit = min(limit, self.n_max)
         if limit <= 0 or not self.drafters:
@@ -160,17 +261,7 @@ class Speculation:
             tokens = d.draft(history, id_last)
             if not tokens:
                 continue
-            cap = limit
-            if self.adaptive:
-                cap = min(cap, self.best_length(self.stats[d.name].rate, limit))
-                if cap == 0:
-                    self._idle += 1
-                    if self._idle < self.probe_every:
-                        return []
-                    cap = min(limit, 4)  # a probe keeps the acceptance estimate current
-                # never below --draft-min: a shorter draft would be dropped, and with it every later measurement
-                cap = max(cap, min(self.n_min, limit))
-            tokens = tokens[:cap]
+            tokens = tokens[:self.length(d.name, limit)]
             if len(tokens) < max(self.n_min, 1):
                 return []
             self._idle = 0
@@ -230,6 +321,10 @@ class Speculation:
         s.accepted += n_accepted
         s.accepted_drafts += n_accepted > 0
         s.rejected_rounds += n_accepted < n_drafted
+        if n_drafted and n_accepted == n_drafted:  # all taken: the next draft may be twice this one
+            s.window = min(max(s.window, 2 * n_accepted), max(self.n_max, 1))
+        elif n_drafted:  # a rejection: halfway between what was drafted and what held
+            s.window = max((n_drafted + n_accepted) // 2, 1)
         for other in self.drafters:
             other.accept(n_accepted, is_other=other is not d)
 
@@ -242,7 +337,10 @@ class Speculation:
                 continue
             lines.append(f"{'speculative':>18} = {name}: {s.drafts} drafts, {s.drafted} tokens drafted, "
                          f"{s.accepted} accepted ({100 * s.accepted / max(s.drafted, 1):.1f} %), "
-                         f"mean accepted per draft {s.accepted / s.drafts:.2f}")
+                         f"mean accepted per draft {s.accepted / s.drafts:.2f}, "
+                         f"mean draft length {s.drafted / s.drafts:.2f}")
+        if any(s.drafts for s in self.stats.values()) and isinstance(self.cost, MeasuredCost):
+            lines.append(f"{'verify cost':>18} = {self.cost.describe()}")
         return "\n".join(lines)
 
 
