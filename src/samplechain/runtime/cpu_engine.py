@@ -345,10 +345,9 @@ def _from_cache(transformer: Transformer, linears: list[Linear]) -> str | None:
     if not pack_cache.enabled() or any(lin.engine_form is not None for lin in linears):
         return None
     name = pack_cache.key(_model_files(transformer), machine_id())
-    found = pack_cache.read(cache_dir(), name)
-    if found is None or len(found[0]) != len(linears):
+    records = pack_cache.read(cache_dir(), name)  # views of the mapping, which keep it open
+    if records is None or len(records) != len(linears):
         return name
-    records, _ = found  # each array is a view of the mapping, which keeps it open
     for lin, segments in zip(linears, records, strict=True):
         own: list = []
         lin.engine_form = (_from_records(segments, own), own)

@@ -95,9 +95,10 @@ def folder(cache_dir: str) -> str:
     return os.path.join(cache_dir, "packed")
 
 
-def read(cache_dir: str, name: str) -> tuple[list, np.ndarray] | None:
-    """The matrices' records and the mapped data of cache ``name``, or None when there is none (or it is unreadable:
-    it is then rebuilt). Each record is a list of segments ``{"fields": {...}, "arrays": {field: ndarray}}``."""
+def read(cache_dir: str, name: str) -> list | None:
+    """The matrices' records of cache ``name``, or None when there is none (or it is unreadable: it is then
+    rebuilt). Each record is a list of segments ``{"fields": {...}, "arrays": {field: ndarray}}``, the arrays views
+    of the mapped data (which they keep open)."""
     base = os.path.join(folder(cache_dir), name)
     try:
         with open(base + ".json") as f:
@@ -118,7 +119,7 @@ def read(cache_dir: str, name: str) -> tuple[list, np.ndarray] | None:
                 arrays[field] = data[offset:offset + count].view(dtype).reshape(shape)
             segments.append({"fields": seg["fields"], "arrays": arrays})
         records.append(segments)
-    return records, data
+    return records
 
 
 def write(cache_dir: str, name: str, records: list, sources: list[str]) -> None:
