@@ -88,12 +88,9 @@ class Candidates:
         x = x.view()  # read-only: samplers install new arrays instead of writing
         x.setflags(write=False)
         c = _new(cls)
-        c._ids = None
-        c._logits = x
-        c._probs = None
-        c._max = m
+        c.replace(None, x, sorted=False)
+        c._max = m  # what was found above is kept
         c._col_max = col_max
-        c.sorted = False
         c.selected = -1
         return c
 
@@ -209,9 +206,9 @@ class Candidates:
             self._col_max = None
 
     def replace(
-        self, ids: np.ndarray, logits: np.ndarray, probs: np.ndarray | None = None, *, sorted: bool
+        self, ids: np.ndarray | None, logits: np.ndarray, probs: np.ndarray | None = None, *, sorted: bool
     ) -> None:
-        """Install a new candidate set."""
+        """Install a new candidate set (``ids`` None: the full vocabulary in id order)."""
         self._ids = ids
         self._logits = logits
         self._probs = probs

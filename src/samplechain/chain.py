@@ -113,7 +113,7 @@ class Chain(Sampler):
         for step in self._plan():  # apply() and accept() in one, as this is the per-token path
             step(c)
         selected = c.selected
-        if not 0 <= selected < len(c._logits):
+        if not 0 <= selected < len(c):
             raise ValueError(f"no sampler selected a token ({self.describe()}); end the chain with a selector")
         token = int(c.ids[selected])
         for s in self._acceptors:
@@ -202,13 +202,13 @@ class _FusedTail:
         self._divisors = (None, None)  # (t, [[1], [t]] in binary32)
 
     def __call__(self, c: Candidates) -> None:
-        n = len(c._logits)
+        n = len(c)
         top_k = self.top_k
         if top_k is not None and not top_k.disabled and n:
             k = top_k.k if top_k.k < n else n
             if not c.sorted:
                 positions, x = top_k_order(c, k)
-                ids = c._ids[positions] if c._ids is not None else (
+                ids = c.ids[positions] if not c.identity else (
                     positions if positions.dtype == np.int32 else positions.astype(np.int32))
                 if k <= _SHARED_EXP_MAX:
                     self._descending(c, ids, x)
@@ -231,7 +231,7 @@ class _FusedTail:
         if top_p is not None and not top_p.disabled:
             k = nucleus_size(softmax_values(x, x[0]), top_p.p, top_p.min_keep) or k
         if min_p is not None and not min_p.disabled:
-            k = min_p_sorted_size(x[:k], min_p._log_p, min_p.min_keep)
+            k = min_p_sorted_size(x[:k], min_p.log_p, min_p.min_keep)
         if k < len(x):
             ids, x = ids[:k], x[:k]
         temp = self.temp
@@ -277,7 +277,7 @@ class _FusedTail:
                 return
         n = k = len(xl)
         if min_p is not None and not min_p.disabled:
-            k = min_p_descending_size(xl, min_p._log_p, min_p.min_keep)
+            k = min_p_descending_size(xl, min_p.log_p, min_p.min_keep)
         rows = x
         if k > 1:
             two = t is not None and top_p is not None

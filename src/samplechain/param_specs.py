@@ -16,70 +16,14 @@ import codecs
 import dataclasses
 import functools
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from samplechain.samplers._ops import check_int, check_number
+from samplechain.validate import JSON_READERS, Check
 
-INT32_MAX = 2**31 - 1
-
-Check = Callable[[str, Any], Any]  # (field name, value) -> the value as stored; ValueError naming the field
 Read = Callable[[Any, Any], Any]  # (JSON value, the server's default) -> the value; ValueError(detail)
 FromArgs = Callable[[argparse.Namespace], Any]
-
-
-# --- JSON values as llama-server reads them (nlohmann::json's conversions) -----------------------------------
-
-def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, (list, tuple)):
-        return "array"
-    return "object" if isinstance(value, Mapping) else type(value).__name__
-
-
-def _type_error(expected: str, value: object) -> ValueError:
-    return ValueError(f"[json.exception.type_error.302] type must be {expected}, but is {_json_type(value)}")
-
-
-def json_int(value: object) -> int:
-    """A JSON number as an integer; booleans count as 0/1 (as in llama-server); 1.5 is refused, not truncated."""
-    if isinstance(value, (bool, int)):
-        return int(value)
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise ValueError(f"expected an integer, got {value!r}")
-        return int(value)
-    raise _type_error("number", value)
-
-
-def json_float(value: object) -> float:
-    """A JSON number as a float; booleans count as 0/1."""
-    if isinstance(value, (bool, int, float)):
-        return float(value)
-    raise _type_error("number", value)
-
-
-def json_bool(value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    raise _type_error("boolean", value)
-
-
-def json_str(value: object) -> str:
-    if isinstance(value, str):
-        return value
-    raise _type_error("string", value)
-
-
-_JSON_READERS: dict[type, Callable[[Any], Any]] = {int: json_int, float: json_float, bool: json_bool, str: json_str}
 
 
 # --- llama-server's rules ------------------------------------------------------------------------------------
@@ -101,13 +45,13 @@ class JsonRule:
 
 def plain(kind: type) -> JsonRule:
     """A value of one JSON type (``int``, ``float``, ``bool``, ``str``), no range."""
-    reader = _JSON_READERS[kind]
+    reader = JSON_READERS[kind]
     return JsonRule("plain", lambda value, default: reader(value))
 
 
 def soft(lo: float, hi: float, kind: type = float) -> JsonRule:
     """A number clamped silently into ``[lo, hi]`` (NaN is left for the Python check to refuse)."""
-    reader = _JSON_READERS[kind]
+    reader = JSON_READERS[kind]
 
     def read(value: object, default: object) -> Any:
         x = reader(value)
@@ -122,7 +66,7 @@ def _cpp(x: float, kind: type) -> str:
 
 def hard(lo: float, hi: float, kind: type = int) -> JsonRule:
     """A number that must lie in ``[lo, hi]``; the message is llama-server's, to the character."""
-    reader = _JSON_READERS[kind]
+    reader = JSON_READERS[kind]
 
     def read(value: object, default: object) -> Any:
         x = reader(value)
@@ -136,28 +80,6 @@ def hard(lo: float, hi: float, kind: type = int) -> JsonRule:
 def custom(read: Read, strict: Read | None = None) -> JsonRule:
     """A parser of the field's own: ``read(value, server_default)``."""
     return JsonRule("custom", read, strict=strict)
-
-
-# --- Python-API checks ---------------------------------------------------------------------------------------
-
-def integer(minimum: int | None = None) -> Check:
-    return lambda name, value: check_int(name, value, minimum=minimum)
-
-
-def number(name: str, value: object) -> float:
-    return check_number(name, value)
-
-
-def boolean(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be true or false, got {value!r}")
-    return value
-
-
-def text(name: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"{name} must be a string, got {value!r}")
-    return value
 
 
 # --- command-line flags --------------------------------------------------------------------------------------
@@ -189,50 +111,6 @@ class Flag:
 
 def flag(*names: str, group: str = "sampling", shown_default: str | None = None, **options: Any) -> Flag:
     return Flag(tuple(names), tuple(options.items()), group, shown_default)
-
-
-def cli_seed(text: str) -> int:
-    """``-s``: read as unsigned, so -1 wraps to 0xFFFFFFFF (random), as llama.cpp does."""
-    value = int(text, 0)
-    if value < -(2**31) or value >= 2**32:
-        raise argparse.ArgumentTypeError(f"seed {text} is out of range")
-    return value & 0xFFFFFFFF
-
-
-def cli_number(text: str) -> float:
-    """A float flag value; NaN is refused (the Python API refuses it too)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value != value:
-        raise argparse.ArgumentTypeError("must be a number, got nan")
-    return value
-
-
-def cli_budget(text: str) -> int:
-    value = int(text)
-    if value < -1:
-        raise argparse.ArgumentTypeError(f"must be -1 (no limit) or more, got {value}")
-    return value
-
-
-def _at_least(value: float, minimum: float, text: str) -> Any:
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
-    return value
-
-
-def cli_non_negative_int(text: str) -> int:
-    return _at_least(int(text), 0, text)
-
-
-def cli_positive_int(text: str) -> int:
-    return _at_least(int(text), 1, text)
-
-
-def cli_non_negative_number(text: str) -> float:
-    return _at_least(cli_number(text), 0, text)
 
 
 def cli_logit_bias(text: str) -> tuple[int, float]:
@@ -359,12 +237,3 @@ def flag_help(p: Param, f: Flag) -> str | None:
         value = options.get("default", p.default)
         shown = _shown(p.default if value is None else value)
     return f"{meaning} (default: {shown})" if meaning else f"default: {shown}"
-
-
-def first_present(body: Mapping[str, Any], names: Sequence[str]) -> tuple[str, Any] | None:
-    """The first of ``names`` that ``body`` holds with a value other than null (llama-server's alias rule)."""
-    for name in names:
-        value = body.get(name)
-        if value is not None:
-            return name, value
-    return None

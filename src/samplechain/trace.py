@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -50,8 +50,9 @@ from samplechain.samplers import (
     TopNSigma,
     TopP,
 )
-from samplechain.samplers._ops import check_int, softmax_values
+from samplechain.samplers._ops import softmax_values
 from samplechain.samplers.base import Sampler
+from samplechain.validate import check_int
 
 if TYPE_CHECKING:  # the runtime sits above this module's own dependencies; only its types are needed here
     from samplechain.runtime.context import Context
@@ -63,6 +64,17 @@ NEIGHBOURS = 3  # input candidates shown on each side of a stage's cut
 LOGITS_ABOUT = "The model's raw score (logit) for every token of the vocabulary; their softmax is the distribution."
 # stages that work on logits (their cards show logits); the others work on probabilities
 _ON_LOGITS = (Penalties, DRY, LogitBias, TopK, TopNSigma)
+
+
+def _fields_dict(row: Any, optional: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A row dataclass's fields by name, in declaration order; those named in ``optional`` are left out while None.
+    Shallow, unlike ``dataclasses.asdict``: the values are numbers, text and None."""
+    out = {}
+    for f in fields(row):
+        value = getattr(row, f.name)
+        if value is not None or f.name not in optional:
+            out[f.name] = value
+    return out
 
 
 @dataclass
@@ -77,7 +89,7 @@ class TokenRow:
     piece: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "piece": self.piece, "logit": self.logit, "prob": self.prob, "rank": self.rank}
+        return _fields_dict(self)
 
 
 @dataclass
@@ -98,11 +110,7 @@ class Row:
     cum: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"id": self.id, "piece": self.piece, "rank": self.rank, "logit_before": self.logit_before,
-               "prob_before": self.prob_before, "logit": self.logit, "prob": self.prob, "kept": self.kept}
-        if self.cum is not None:
-            out["cum"] = self.cum
-        return out
+        return _fields_dict(self, optional=("cum",))
 
 
 @dataclass
@@ -182,7 +190,7 @@ class _Snapshot:
         self.name = name
         self.sampler = sampler
         self.effect = None if sampler is None else type(sampler).effect
-        self.params = {} if sampler is None else _jsonable(sampler._params())
+        self.params = {} if sampler is None else _jsonable(sampler.params())
         self.ids, self.logits, self.sorted = c.ids, c.logits, c.sorted
         self.selected = int(c.ids[c.selected]) if sampler is not None and 0 <= c.selected < len(c) else None
         self._probs: np.ndarray | None = None

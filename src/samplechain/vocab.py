@@ -63,7 +63,10 @@ class Vocab:
         self.special = frozenset(self._check_id("special token", t) for t in special)
         self._lookup: dict[bytes, int] | None = None
         self._max_len = max(len(t) for t in self._tokens)
-        self._dry_cache: dict = {}
+        # tables built once per vocabulary by their users: the DRY sampler's processed breaker sets, by breaker list
+        # (samplers.dry.process_breakers, most recently used last), and the grammar's token table (TokenTable.of)
+        self.dry_breakers: dict = {}
+        self.grammar_tokens: Any = None
         self.add_bos = (self.bos is not None) if add_bos is None else bool(add_bos)
         self.add_eos = bool(add_eos)
         self.tokenizer = tokenizer  # the model's own tokenizer (``GGUFTokenizer``); None: longest match

@@ -1,4 +1,4 @@
-"""The prefix-tree walk behind token masks (masks.py over tokens.TokenTrie): the tree's layout against a brute-force
+"""The prefix-tree walk behind token masks (mask_walk.py over tokens.TokenTrie): the tree's layout against a brute-force
 one, and masks equal to one transition per token (llama.cpp's llama_grammar_accept_impl, token by token) whichever
 way the walk goes: NumPy groups, node by node, skipping over loops."""
 
@@ -11,7 +11,7 @@ from tests.grammar.conftest import packaged_vocab
 from tests.grammar.test_masks import GRAMMARS
 
 from samplechain import Vocab
-from samplechain.grammar import Grammar, MaskEngine, TokenTable, json_schema_to_gbnf, masks
+from samplechain.grammar import Grammar, MaskEngine, TokenTable, json_schema_to_gbnf, mask_groups, mask_walk
 from samplechain.grammar.tokens import TokenTrie
 
 TOY_GRAMMARS = [
@@ -39,7 +39,7 @@ DOC = json.dumps({"name": "Zoë \"Q\" \\ 😀 — 東京", "tags": ["a\tb", "€
 
 def walk(monkeypatch, how):
     for name, value in WALKS[how].items():
-        monkeypatch.setattr(masks, name, value)
+        monkeypatch.setattr(mask_groups if name == "LOOP_LEAVERS" else mask_walk, name, value)
 
 
 def expected(engine, state, tokens, vocab):
@@ -120,7 +120,7 @@ def test_trie_beyond_unicode():
 def test_every_walk_equals_transitions_on_a_toy_vocabulary(text, how, toy_vocab, monkeypatch):
     walk(monkeypatch, how)
     skips = []
-    monkeypatch.setattr(masks.MaskEngine, "_skip", lambda self, *a, _f=masks.MaskEngine._skip: skips.append(1)
+    monkeypatch.setattr(mask_walk.MaskWalker, "_skip", lambda self, *a, _f=mask_walk.MaskWalker._skip: skips.append(1)
                         or _f(self, *a))
     g = Grammar.from_gbnf(text, vocab=toy_vocab)
     rng = np.random.default_rng(7)

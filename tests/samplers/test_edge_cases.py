@@ -22,7 +22,7 @@ from samplechain import (
     Typical,
     Vocab,
 )
-from samplechain.samplers.truncation import _softmax_sum_f32
+from samplechain.samplers.probability_filters import softmax_sum_f32
 
 P4 = [0.1, 0.2, 0.3, 0.4]
 
@@ -73,13 +73,13 @@ def test_softmax_sum_matches_a_sequential_binary32_sum(n, seed):
     x = realistic(n, seed)
     d = x - x.max()
     e = np.exp(d.astype(np.float64)).astype(np.float32)
-    assert _softmax_sum_f32(d)[0] == np.cumsum(e, dtype=np.float32)[-1]
+    assert softmax_sum_f32(d)[0] == np.cumsum(e, dtype=np.float32)[-1]
 
 
 def test_softmax_sum_with_increasing_logits():
     d = (np.arange(5000, dtype=np.float32) / 100 - 50).astype(np.float32)
     e = np.exp(d.astype(np.float64)).astype(np.float32)
-    assert _softmax_sum_f32(d)[0] == np.cumsum(e, dtype=np.float32)[-1]
+    assert softmax_sum_f32(d)[0] == np.cumsum(e, dtype=np.float32)[-1]
 
 
 @pytest.mark.parametrize("k", [1, 40, 500, 3000])

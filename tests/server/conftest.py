@@ -6,7 +6,7 @@ import pytest
 
 from samplechain.params import SamplingParams
 from samplechain.server.app import BackgroundServer, ServerConfig
-from samplechain.server.request import Defaults
+from samplechain.server.config import Defaults
 
 
 @contextlib.contextmanager

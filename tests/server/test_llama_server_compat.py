@@ -7,7 +7,8 @@ import socket
 from tests.server.conftest import call, live_server
 
 from samplechain.runtime.chat import starts_with_bos
-from samplechain.server.request import Defaults, valid_filename
+from samplechain.server.config import Defaults
+from samplechain.server.routes_native import valid_filename
 
 CHAT = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
 

@@ -10,8 +10,9 @@ import pytest
 from samplechain import DEFAULT_SEED, SamplingParams
 from samplechain.cli import build_parser
 from samplechain.cli.common import add_sampling_arguments, params_from_args
-from samplechain.param_specs import cli_number, declarations, flag, number, param, soft
+from samplechain.param_specs import declarations, flag, param, soft
 from samplechain.server.sampling_fields import FieldError, parse_sampling_fields
+from samplechain.validate import check_number, cli_number
 
 DEFAULTS = SamplingParams(temperature=0.0, top_k=5, seed=7, dry_base=2.0, logit_bias=[[9, 1.0]])
 INT32_MAX = 2**31 - 1
@@ -374,7 +375,7 @@ def test_the_generate_flags_are_the_declared_flags():
 class WithFoo(SamplingParams):
     """One more declared parameter: it gets a flag, a request field (and alias) and from_dict support."""
 
-    foo_level: float = param(0.5, check=number, json=soft(0.0, 1.0), aliases=["foo"],
+    foo_level: float = param(0.5, check=check_number, json=soft(0.0, 1.0), aliases=["foo"],
                              cli=[flag("--foo-level", type=cli_number)])
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from samplechain.chat.messages import ToolCall
 
@@ -17,6 +18,7 @@ class Invalid(ValueError):
 
 WS = " \t\n\r"
 _SCALAR = re.compile(r"[-+0-9.eEa-zA-Z]+")
+_T = TypeVar("_T")
 
 
 def skip_ws(s: str, i: int) -> int:
@@ -68,61 +70,67 @@ def value_end(s: str, i: int, final: bool) -> int | None:
     return m.end() if final or m.end() < len(s) else None
 
 
+def _entries(s: str, i: int, close: str, entry: Callable[[int], tuple[_T, int | None] | None],
+             ) -> tuple[list[_T], int | None]:
+    """The entries of the object or array that opens at ``s[i]``, in order, and where it ends (past ``close``; None:
+    the text ends inside it). ``entry(j)`` reads the entry that starts at ``j``: (the entry, where its value ends or
+    None), or None when the text ends before its value."""
+    out: list[_T] = []
+    j = skip_ws(s, i + 1)
+    if j < len(s) and s[j] == close:
+        return out, j + 1
+    while j < len(s):
+        found = entry(j)
+        if found is None:
+            return out, None
+        item, end = found
+        out.append(item)
+        if end is None:
+            return out, None
+        j = skip_ws(s, end)
+        if j < len(s) and s[j] == close:
+            return out, j + 1
+        if j < len(s) and s[j] != ",":
+            raise Invalid(f"expected ',' or '{close}'")
+        j = skip_ws(s, j + 1)
+    return out, None
+
+
 def members(s: str, i: int, final: bool) -> tuple[list[tuple[str, int, int | None]], int | None]:
     """The members of the object at ``s[i]``, in order, as (key, value start, value end or None), and where the
     object ends (None: the text ends inside it)."""
     if s[i] != "{":
         raise Invalid("expected a JSON object")
-    out: list[tuple[str, int, int | None]] = []
-    j = skip_ws(s, i + 1)
-    if j < len(s) and s[j] == "}":
-        return out, j + 1
-    while j < len(s):
+
+    def member(j: int) -> tuple[tuple[str, int, int | None], int | None] | None:
         if s[j] != '"':
             raise Invalid("expected a key")
         key_end = string_end(s, j)
         if key_end is None:
-            return out, None
+            return None
         key = json.loads(s[j:key_end])
         j = skip_ws(s, key_end)
         if j >= len(s):
-            return out, None
+            return None
         if s[j] != ":":
             raise Invalid("expected ':'")
         start = skip_ws(s, j + 1)
         end = value_end(s, start, final)
-        out.append((key, start, end))
-        if end is None:
-            return out, None
-        j = skip_ws(s, end)
-        if j < len(s) and s[j] == "}":
-            return out, j + 1
-        if j < len(s) and s[j] != ",":
-            raise Invalid("expected ',' or '}'")
-        j = skip_ws(s, j + 1)
-    return out, None
+        return (key, start, end), end
+
+    return _entries(s, i, "}", member)
 
 
 def items(s: str, i: int, final: bool) -> tuple[list[tuple[int, int | None]], int | None]:
     """The items of the array at ``s[i]`` as (start, end or None), and where the array ends."""
     if s[i] != "[":
         raise Invalid("expected a JSON array")
-    out: list[tuple[int, int | None]] = []
-    j = skip_ws(s, i + 1)
-    if j < len(s) and s[j] == "]":
-        return out, j + 1
-    while j < len(s):
+
+    def item(j: int) -> tuple[tuple[int, int | None], int | None]:
         end = value_end(s, j, final)
-        out.append((j, end))
-        if end is None:
-            return out, None
-        j = skip_ws(s, end)
-        if j < len(s) and s[j] == "]":
-            return out, j + 1
-        if j < len(s) and s[j] != ",":
-            raise Invalid("expected ',' or ']'")
-        j = skip_ws(s, j + 1)
-    return out, None
+        return (j, end), end
+
+    return _entries(s, i, "]", item)
 
 
 def string_member(s: str, spans: dict[str, tuple[int, int | None]], key: str) -> str | None:
@@ -167,7 +175,6 @@ def held_back(text: str, openers: Sequence[str]) -> int:
         if rest and text[k] not in WS and any(o.startswith(rest) for o in openers):
             return k
     return len(text)
-
 
 
 def partial_string(s: str, start: int, end: int | None) -> str:

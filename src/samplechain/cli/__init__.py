@@ -10,7 +10,6 @@ from collections.abc import Sequence
 
 from samplechain.cli.common import (
     Parser,
-    add_cache_type_arguments,
     add_model_arguments,
     add_sampling_arguments,
     add_spec_arguments,
@@ -18,7 +17,10 @@ from samplechain.cli.common import (
 )
 from samplechain.cli.run import add_trace_parser, catch_ctrl_c, generate, trace
 from samplechain.cli.serve import add_serve_parser, serve
-from samplechain.param_specs import cli_non_negative_int as _non_negative_int
+from samplechain.options import add_declared
+from samplechain.runtime.config import ModelOptions
+from samplechain.runtime.decoding import Rules
+from samplechain.validate import cli_non_negative_int
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,15 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print the prompt before the generated text (default)")
     io.add_argument("--no-display-prompt", dest="display_prompt", action="store_false",
                     help="print only the generated text")
-    io.add_argument("-n", "--n-predict", "--predict", type=int, default=-1, metavar="N",
-                    help="tokens to generate (-1 = until end of generation or the context limit)")
-    io.add_argument("-c", "--ctx-size", type=_non_negative_int, default=4096, metavar="N",
-                    help="context size (0 = model's)")
-    io.add_argument("-b", "--batch-size", type=int, default=512, metavar="N", help="prompt tokens per forward")
-    io.add_argument("-t", "--threads", type=int, default=None, metavar="N", help="CPU threads")
-    add_cache_type_arguments(io)
-    io.add_argument("--keep", type=int, default=0, metavar="N",
-                    help="tokens of the prompt kept on context shift (-1 = all)")
+    add_declared(io, ModelOptions, defaults={"n_ctx": 4096})  # -c, -b, --device, -t, --kernel, -ctk, -ctv
+    add_declared(io, Rules)  # -n, --keep, -r: the stop and limit options (runtime/decoding.py)
     io.add_argument("--context-shift", dest="context_shift", action="store_true", default=True,
                     help="shift the context when it is full (default)")
     io.add_argument("--no-context-shift", dest="context_shift", action="store_false",
@@ -54,17 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     io.add_argument("-i", "--interactive", action="store_true",
                     help="interactive mode: continue the text with lines read from stdin (no chat template)")
     io.add_argument("-sys", "--system-prompt", default=None, help="system prompt (conversation mode)")
-    io.add_argument("-r", "--reverse-prompt", action="append", default=[],
-                    help="stop generating at this text and wait for input (repeatable)")
     io.add_argument("--in-prefix", default="", help="text before each input line (interactive mode)")
     io.add_argument("--in-suffix", default="", help="text after each input line (interactive mode)")
-    io.add_argument("--n-probs", type=_non_negative_int, default=0, metavar="N",
+    io.add_argument("--n-probs", type=cli_non_negative_int, default=0, metavar="N",
                     help="print each generated token's top N post-sampling probabilities (to stderr)")
     io.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers", type=int, default=None,
                     help="accepted for llama.cpp compatibility: the whole model runs on --device")
-    io.add_argument("--device", default="cpu", help="torch device: cpu or cuda")
-    io.add_argument("--kernel", default=None,
-                    help="CPU forward kernel (default: the fastest measured on this machine; see kernels.py)")
     io.add_argument("--escape", dest="escape", action="store_true", default=True,
                     help="process escapes (\\n, \\t, ...) in the prompt (default)")
     io.add_argument("--no-escape", dest="escape", action="store_false", help="take the prompt as written")

@@ -9,10 +9,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from samplechain.param_specs import cli_budget, cli_seed, declarations, flag_help
-from samplechain.param_specs import cli_non_negative_int as _non_negative_int
-from samplechain.param_specs import cli_number as _number
+from samplechain.options import add_declared, declared_values
+from samplechain.param_specs import declarations, flag_help
 from samplechain.params import SamplingParams
+from samplechain.runtime.config import ModelOptions
+from samplechain.validate import cli_budget, cli_number, cli_seed
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -45,10 +46,11 @@ class Parser(argparse.ArgumentParser):
                          ) -> tuple[argparse.Namespace, list[str]]:
         """llama.cpp reads ``--a_b`` as ``--a-b`` (llama-server's test suite passes ``--backend_sampling``)."""
         if args is not None:
-            args = [self._dashed(a) for a in args]
+            args = [self.dashed(a) for a in args]
         return super().parse_known_args(args, namespace)
 
-    def _dashed(self, arg: str) -> str:
+    def dashed(self, arg: str) -> str:
+        """``arg`` with a long flag's underscores read as dashes, when only that spelling is a flag here."""
         name, eq, value = arg.partition("=")
         fixed = name.replace("_", "-")
         if name.startswith("--") and name not in self._option_string_actions and fixed in self._option_string_actions:
@@ -92,7 +94,7 @@ def add_sampling_arguments(parser_or_group: argparse.ArgumentParser | argparse._
             target.add_argument(*f.names, **options)
 
 
-_NUMBERS = (int, _number, cli_seed, cli_budget)  # their values read as N in --help, as llama.cpp's
+_NUMBERS = (int, cli_number, cli_seed, cli_budget)  # their values read as N in --help, as llama.cpp's
 
 
 def params_from_args(args: argparse.Namespace, *,
@@ -122,43 +124,16 @@ def add_model_arguments(group: argparse._ArgumentGroup) -> None:
                        help="-hf from the hub cache only: nothing is downloaded (as HF_HUB_OFFLINE=1)")
 
 
-def _cache_type(value: str) -> str:
-    from samplechain.runtime.kv_cache import KV_TYPES, KV_TYPES_AS_F16
-
-    if value not in KV_TYPES and value not in KV_TYPES_AS_F16:
-        raise argparse.ArgumentTypeError(f"unsupported cache type {value!r} "
-                                         f"({', '.join([*KV_TYPES, *KV_TYPES_AS_F16])})")
-    return value
-
-
-def add_cache_type_arguments(group: argparse._ArgumentGroup) -> None:
-    """llama.cpp's -ctk / -ctv: the KV cache's key and value types (``runtime/kv_cache.py: kv_type``)."""
-    for short, long, what in (("-ctk", "--cache-type-k", "keys"), ("-ctv", "--cache-type-v", "values")):
-        group.add_argument(short, long, type=_cache_type, default="f16", metavar="TYPE",
-                           help=f"the KV cache's type for {what}: f16 (default, as llama.cpp) or f32; llama.cpp's "
-                                "quantized types are kept as f16")
-
-
 def add_spec_arguments(sp: argparse._ArgumentGroup) -> None:
     """llama.cpp's speculative decoding flags (``generate`` and ``serve``)."""
-    sp.add_argument("--spec-type", action="append", default=[],
-                    help="comma-separated drafters: ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, "
-                         "ngram-cache, draft-simple (with -md), none; repeatable")
+    from samplechain.speculative.config import SpeculationConfig
+
+    add_declared(sp, SpeculationConfig)  # --spec-type, --draft-max/min, --draft-p-min, --spec-verify, adaptive
     sp.add_argument("--spec-default", action="store_true", help="ngram-mod with n-match 24, n-min 48, n-max 64")
     sp.add_argument("-md", "--model-draft", "--spec-draft-model", dest="model_draft", default=None,
                     help="draft model GGUF (used by --spec-type draft-simple); with -hfd, the file of that repo")
     sp.add_argument("-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf", dest="hf_repo_draft", default=None,
                     metavar="USER/REPO[:QUANT]", help="draft model from a Hugging Face repo, as -hf")
-    sp.add_argument("--draft-max", "--draft", "--draft-n", "--spec-draft-n-max", dest="draft_max",
-                    type=_non_negative_int, default=16, help="longest draft (the length adapts below it)")
-    sp.add_argument("--draft-min", "--draft-n-min", "--spec-draft-n-min", dest="draft_min",
-                    type=_non_negative_int, default=0, help="shorter drafts are dropped")
-    sp.add_argument("--draft-p-min", "--spec-draft-p-min", dest="draft_p_min", type=_number, default=0.0,
-                    help="draft model: stop drafting below this top-10 probability")
-    sp.add_argument("--spec-verify", choices=("compare", "sample"), default="compare",
-                    help="compare: llama.cpp's sample-and-compare (same text as without drafting); sample: "
-                         "distribution-preserving speculative sampling (draft model)")
-    sp.add_argument("--spec-no-adaptive", action="store_true", help="always draft up to --draft-max")
     from samplechain.speculative.ngram.factory import NGRAM_PARAMS
 
     for key, (default, lo, _, flag) in NGRAM_PARAMS.items():  # the n-gram sizes, declared where they are checked
@@ -196,22 +171,22 @@ def from_hub(args: argparse.Namespace) -> None:
         resolve_model_args(args)
 
 
-def load_model(name: str | None, args: argparse.Namespace, kernel: str | None = None) -> object:
-    """``load_model``, said first on stderr (a large model takes seconds); a missing model or device is refused
-    before that, in one line."""
+def load_model(name: str | None, args: argparse.Namespace) -> object:
+    """``load_model`` with the ``ModelOptions`` flags (``add_declared(group, ModelOptions)``), said first on stderr
+    (a large model takes seconds); a missing model or device, or a bad option, is refused before that, in one
+    line."""
     from samplechain.runtime import load_model
     from samplechain.runtime.generation import model_path, resolve_device
 
+    options = ModelOptions(**declared_values(args, ModelOptions, skip=("n_ctx", "n_batch")))  # the loading's
     path = model_path(name)
-    resolve_device(args.device)
+    resolve_device(options.device)
     print(f"loading model {path} ...", file=sys.stderr, flush=True)
-    return load_model(path, device=args.device, n_threads=args.threads, kernel=kernel,
-                      cache_type_k=getattr(args, "cache_type_k", "f16"),
-                      cache_type_v=getattr(args, "cache_type_v", "f16"))
+    return load_model(path, **options.load_options())
 
 
 def spec_types(args: argparse.Namespace) -> list[str]:
-    types = [t for value in args.spec_type for t in ([value] if "none" not in value.split(",") else [])]
+    types = [t for value in args.types for t in ([value] if "none" not in value.split(",") else [])]
     if args.spec_default:
         types.append("ngram-mod")
     return types
@@ -226,9 +201,9 @@ def speculation_config(args: argparse.Namespace) -> Any:
     if args.spec_default:
         ngram.update(SPEC_DEFAULT)
     ngram.update(lookup_cache_static=args.lookup_cache_static, lookup_cache_dynamic=args.lookup_cache_dynamic)
-    return SpeculationConfig(tuple(spec_types(args)), n_max=args.draft_max, n_min=args.draft_min,
-                             p_min=args.draft_p_min, adaptive=not args.spec_no_adaptive, verify=args.spec_verify,
-                             seed=args.seed, ngram=ngram, synth_rates=getattr(args, "spec_synth_rates", None),
+    declared = {**declared_values(args, SpeculationConfig), "types": tuple(spec_types(args))}
+    return SpeculationConfig(**declared, seed=args.seed, ngram=ngram,
+                             synth_rates=getattr(args, "spec_synth_rates", None),
                              synth_len=getattr(args, "spec_synth_len", None))
 
 
@@ -245,8 +220,7 @@ def speculation_from_args(args: argparse.Namespace, model: object) -> object | N
         from samplechain.speculative.draft_model import DraftModel
 
         draft = DraftModel(load_model(args.model_draft, args), model.vocab,  # type: ignore[attr-defined]
-                           n_max=max(1, args.draft_max), n_min=args.draft_min, p_min=args.draft_p_min,
-                           n_ctx=args.ctx_size or 4096, sample=args.spec_verify == "sample", seed=args.seed)
+                           **config.draft_params(), n_ctx=args.n_ctx or 4096)
     return config.build(draft)
 
 

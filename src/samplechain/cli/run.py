@@ -20,9 +20,12 @@ from samplechain.cli.common import (
     sampling_params,
     speculation_from_args,
 )
+from samplechain.options import add_declared, declared_values
 from samplechain.param_specs import read_text_file
 from samplechain.param_specs import unescape as _unescape
 from samplechain.params import SamplingParams
+from samplechain.runtime.config import ModelOptions
+from samplechain.runtime.decoding import Rules
 
 
 def add_trace_parser(sub: argparse._SubParsersAction) -> None:
@@ -36,8 +39,7 @@ def add_trace_parser(sub: argparse._SubParsersAction) -> None:
     io.add_argument("--steps", type=int, default=1,
                     help="tokens traced, each appended before the next is traced (default 1)")
     io.add_argument("--json", action="store_true", help="print the trace as JSON (the /sampling/trace body)")
-    io.add_argument("--device", default="cpu", help="torch device: cpu or cuda")
-    io.add_argument("-t", "--threads", type=int, default=None, help="CPU threads")
+    add_declared(io, ModelOptions, skip=("n_ctx", "n_batch"))
     io.add_argument("--escape", dest="escape", action="store_true", default=True,
                     help="process escapes (\\n, \\t, ...) in the prompt (default)")
     io.add_argument("--no-escape", dest="escape", action="store_false")
@@ -81,13 +83,14 @@ def generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     elif prompt is not None and args.escape:
         prompt = _unescape(prompt)
     prompt = prompt or ""
-    if args.n_predict < -1:
-        parser.error(f"argument -n/--n-predict: must be -1 or more, got {args.n_predict}")
+    try:  # -n, --keep, -r (runtime/decoding.py) and how the model loads (runtime/config.py): usage errors
+        for cls in (Rules, ModelOptions):
+            declared_values(args, cls)
+    except ValueError as e:
+        parser.error(str(e))
     params = sampling_params(args, parser)
     params = resolve_seed(params, args)
 
-    if args.batch_size < 1:
-        parser.error(f"-b/--batch-size must be positive, got {args.batch_size}")
     if (args.conversation or args.interactive) and args.prompt_cache is not None:
         parser.error("--prompt-cache is not supported with -cnv/-i")
     if args.prompt_cache is not None:
@@ -97,12 +100,12 @@ def generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if os.path.isdir(args.prompt_cache):
             parser.error(f"--prompt-cache: {args.prompt_cache} is a folder, not a file")
     from_hub(args)
-    model = load_model(args.model, args, kernel=args.kernel)
+    model = load_model(args.model, args)
     if args.gpu_layers is not None and model.transformer.device.type == "cpu":
         print(f"note: -ngl {args.gpu_layers} is ignored: the whole model runs on the cpu (--device cuda for a GPU)",
               file=sys.stderr)
-    n_ctx = args.ctx_size or model.config.n_ctx_train
-    ctx = model.new_context(n_ctx, n_batch=args.batch_size)
+    n_ctx = args.n_ctx or model.config.n_ctx_train
+    ctx = model.new_context(n_ctx, n_batch=args.n_batch)
     chat = args.chat or args.conversation
     # the text as llama.cpp's completion tool feeds it (a chat turn is tokenized with its template, later)
     tokens = None if chat else model.tokenize(prompt)
@@ -122,7 +125,7 @@ def generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             timings = _interactive(model, params, args, prompt, ctx, probs, speculation)
         else:
             _stream(model.generate(prompt if chat else tokens, params, args.n_predict, chat=args.chat,
-                                   n_keep=args.keep, context_shift=args.context_shift,
+                                   n_keep=args.n_keep, context_shift=args.context_shift,
                                    prompt_cache=args.prompt_cache, prompt_cache_ro=args.prompt_cache_ro,
                                    context=ctx, speculation=speculation))
             sys.stdout.write("\n")
@@ -172,8 +175,8 @@ def _print_sampler(model: object, params: SamplingParams, args: argparse.Namespa
     print(f"sampler seed: {DEFAULT_SEED if seed is None else seed}", file=sys.stderr)
     print(f"sampler params: \n{_sampler_params(params)}", file=sys.stderr)
     print(f"sampler chain: {chain.describe()}", file=sys.stderr)
-    print(f"generate: n_ctx = {n_ctx}, n_batch = {args.batch_size}, n_predict = {args.n_predict}, "
-          f"n_keep = {args.keep}\n", file=sys.stderr)
+    print(f"generate: n_ctx = {n_ctx}, n_batch = {args.n_batch}, n_predict = {args.n_predict}, "
+          f"n_keep = {args.n_keep}\n", file=sys.stderr)
     if sys.stdin.isatty() and (args.conversation or args.interactive):
         print(f"{'conversation' if args.conversation else 'interactive'} mode: type a line and press Return; "
               f"{'/exit or ' if args.conversation else ''}Ctrl-D to leave, Ctrl-C to stop at once\n", file=sys.stderr)
@@ -207,7 +210,7 @@ def _interactive(model, params: SamplingParams, args: argparse.Namespace, prompt
     from samplechain.runtime.chat import ChatSession
 
     session = ChatSession(model, params, system_prompt=args.system_prompt, n_predict=args.n_predict,
-                          context_shift=args.context_shift, reverse_prompts=args.reverse_prompt, context=ctx,
+                          context_shift=args.context_shift, reverse_prompts=args.stop, context=ctx,
                           template=args.conversation, speculation=speculation)
     tty = sys.stdin.isatty()
 

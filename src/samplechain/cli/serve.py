@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
 
 from samplechain.cli.common import (
     add_model_arguments,
@@ -18,13 +17,12 @@ from samplechain.cli.common import (
     spec_types,
     speculation_config,
 )
-from samplechain.param_specs import cli_non_negative_int as _non_negative_int
-from samplechain.param_specs import cli_number as _number
-from samplechain.param_specs import cli_positive_int as _positive_int
+from samplechain.options import add_declared, declared_values
 from samplechain.param_specs import read_text_file
 from samplechain.params import SamplingParams
-from samplechain.server.config import ServerConfig
-from samplechain.server.options import UNSET, declared
+from samplechain.runtime.decoding import Rules
+from samplechain.server.config import Defaults, ServerConfig
+from samplechain.validate import cli_non_negative_int, cli_number, cli_positive_int
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -34,10 +32,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                         allow_abbrev=False)  # as llama-server: router mode passes the flags on by their names
     o = sv.add_argument_group("server")
     add_model_arguments(o)
-    add_declared(o, ServerConfig)  # ServerConfig's options (server/state.py), each declared once there
+    add_declared(o, ServerConfig)  # ServerConfig's options and ModelOptions' (server/config.py, runtime/config.py)
     o.add_argument("-ub", "--ubatch-size", type=int, default=512, help=argparse.SUPPRESS)
-    o.add_argument("-n", "--n-predict", "--predict", type=int, default=-1, help="default tokens per request")
-    o.add_argument("--keep", type=int, default=0, help="default tokens kept on context shift (-1 = the prompt)")
+    add_declared(o, Rules)  # -n, --keep, -r: every request's defaults (runtime/decoding.py)
     o.add_argument("-tb", "--threads-batch", type=int, default=None, help=argparse.SUPPRESS)
     o.add_argument("--threads-http", type=int, default=-1, help=argparse.SUPPRESS)
     o.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers", type=int, default=None,
@@ -46,24 +43,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--api-key-file", default=None, help="file with one API key per line (# comments)")
     o.add_argument("-cb", "--cont-batching", action="store_true", default=True,
                    help="continuous batching (always on)")
-    o.add_argument("-a", "--alias", default=None, help="model id(s) for the API, comma-separated")
-    o.add_argument("--tags", default=None, help="model tags, comma-separated (informational: /v1/models)")
-    o.add_argument("--jinja", dest="jinja", action="store_true", default=True,
-                   help="render chat templates with jinja (default, as llama-server)")
-    o.add_argument("--no-jinja", dest="jinja", action="store_false",
-                   help="only llama.cpp's built-in chat templates (detected from the model's)")
     o.add_argument("--chat-template", default=None,
                    help="chat template: a built-in name (chatml, llama3, gemma, mistral-v7, ...) or jinja source")
     o.add_argument("--chat-template-file", default=None, help="chat template (jinja source) read from a file")
-    o.add_argument("--reasoning-format", default="auto", choices=("none", "auto", "deepseek", "deepseek-legacy"),
-                   help="a chat request's default reasoning_format: none leaves thoughts in the content")
-    o.add_argument("-rea", "--reasoning", default="auto",
-                   help="thinking in chat templates: on, off or auto (the template's default)")
-    o.add_argument("-v", "--verbose", "--log-verbose", action="store_true",
-                   help="debug logging, and __verbose in every response (unless a request sets verbose false)")
-    o.add_argument("-r", "--reverse-prompt", action="append", default=[], help="default stop string (repeatable)")
-    o.add_argument("--cache-prompt", dest="cache_prompt", action="store_true", default=True)
-    o.add_argument("--no-cache-prompt", dest="cache_prompt", action="store_false")
+    add_declared(o, Defaults)  # --cache-prompt, -v: every request's defaults (server/config.py)
     o.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                    help="HTTP server log level")
     n = sv.add_argument_group("llama-server flags that mean nothing here (accepted, with a note)")
@@ -95,15 +78,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     spec.add_argument("--spec-synth-rates", type=_rates, default=None, metavar="P0,P1,...",
                       help="benchmarking: draft position i is accepted at random with unconditional probability Pi "
                            "(one per --draft-max position, non-increasing) instead of by comparison")
-    spec.add_argument("--spec-synth-len", type=_number, default=None, metavar="L",
+    spec.add_argument("--spec-synth-len", type=cli_number, default=None, metavar="L",
                       help="benchmarking: geometric synthetic acceptance with mean acceptance length L (with the "
                            "target token)")
     # embeddings (llama-server's --embedding and --pooling; -md is with the speculative flags)
-    e = sv.add_argument_group("embeddings")
-    e.add_argument("--embedding", "--embeddings", dest="embedding", action="store_true",
-                   help="serve /embedding, /embeddings and /v1/embeddings (completions are served too)")
-    e.add_argument("--pooling", choices=("none", "mean", "cls", "last", "rank"), default=None,  # runtime.embeddings
-                   help="how embeddings pool the prompt's tokens (default: the model's own type, else none)")
     m = sv.add_argument_group("router mode: many models behind one server, each in a serve process of its own "
                               "(docs/router.md)")
     m.add_argument("--router", action="store_true",
@@ -113,7 +91,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="router mode: each NAME.gguf (or folder) of DIR is a model")
     m.add_argument("--models-preset", default=None, metavar="FILE",
                    help="router mode: llama.cpp's INI presets (per-model serve flags; [*] for all)")
-    m.add_argument("--models-max", type=_non_negative_int, default=4, metavar="N",
+    m.add_argument("--models-max", type=cli_non_negative_int, default=4, metavar="N",
                    help="models running at once; the least recently used idle one makes room (0: no limit)")
     m.add_argument("--models-autoload", dest="models_autoload", action="store_true", default=True,
                    help="load a model a request names (default)")
@@ -122,7 +100,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     r = sv.add_argument_group("Ray Serve (samplechain.integrations.ray_serve; needs ray[serve])")
     r.add_argument("--ray", action="store_true",
                    help="serve as replicas on Ray Serve (a conversation stays on its replica's cache)")
-    r.add_argument("--replicas", type=_positive_int, default=None, help="engine replicas with --ray (default 1)")
+    r.add_argument("--replicas", type=cli_positive_int, default=None, help="engine replicas with --ray (default 1)")
     r.add_argument("--ray-address", default=None,
                    help="Ray cluster to join with --ray (default: a local Ray on loopback)")
 
@@ -149,20 +127,14 @@ def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
 def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from samplechain.runtime.speculation import synth_probabilities
     from samplechain.server.app import serve as run_server
-    from samplechain.server.request import Defaults
 
     try:
-        declared_options = declared_values(args, ServerConfig)
+        declared_values(args, ServerConfig)  # every declared check: a usage error before anything loads
+        rules = Rules(**declared_values(args, Rules))
     except ValueError as e:
         parser.error(str(e))
-    if args.n_predict < -1:
-        parser.error(f"-n/--n-predict must be -1 or more, got {args.n_predict}")
     if not args.ray and (args.replicas is not None or args.ray_address is not None):
         parser.error("--replicas / --ray-address need --ray")
-    reasoning = {"on": True, "enabled": True, "true": True, "1": True, "off": False, "disabled": False,
-                 "false": False, "0": False, "auto": None}
-    if args.reasoning not in reasoning:
-        parser.error(f"--reasoning: unknown value {args.reasoning!r} (on, off or auto)")
     template = args.chat_template
     if args.chat_template_file is not None:
         try:
@@ -173,7 +145,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from samplechain.server.state import chat_template
 
         try:
-            chat_template(None, template, args.jinja)
+            chat_template(None, template, args.use_jinja)
         except ValueError as e:
             parser.error(str(e))
     if args.flash_attn is not None and args.flash_attn not in ("on", "off", "auto", "enabled", "disabled", "true",
@@ -221,17 +193,16 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     resolve_device(args.device)
     params = params_from_args(args)
     check_constraint(params)
-    defaults = Defaults(params=params, n_predict=args.n_predict, n_keep=args.keep,
-                        stop=tuple(r for r in args.reverse_prompt if r), cache_prompt=args.cache_prompt,
-                        verbose=args.verbose)
+    defaults = Defaults(params=params, rules=rules, **declared_values(args, Defaults))
     # embeddings and the draft model (--embedding, --pooling, -md with --spec-type draft-simple)
+    declared_options = declared_values(args, ServerConfig)  # again: -hf names the model's alias (runtime/hub.py)
     n_batch = declared_options["n_batch"]
     if args.embedding and n_batch > args.ubatch_size > 0:  # llama-server: a prompt to embed fits in one ubatch
         print(f"warning: embeddings enabled with n_batch ({n_batch}) > n_ubatch ({args.ubatch_size}): setting "
               f"n_batch = n_ubatch = {args.ubatch_size}", file=sys.stderr)
         n_batch = args.ubatch_size
-    try:
-        synth = synth_probabilities(args.spec_synth_rates, args.spec_synth_len, args.draft_max)
+    try:  # synthetic acceptance is a usage error
+        synth = synth_probabilities(args.spec_synth_rates, args.spec_synth_len, args.n_max)
     except ValueError as e:
         parser.error(str(e))
     if synth and not spec_types(args):
@@ -247,14 +218,10 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     config = ServerConfig(
         speculation=spec if spec.names else None,
-        embedding=args.embedding, pooling=args.pooling, model_draft=args.model_draft if drafting else None,
-        draft_params={"n_max": max(1, args.draft_max), "n_min": args.draft_min, "p_min": args.draft_p_min,
-                      "sample": args.spec_verify == "sample", "seed": args.seed},
+        model_draft=args.model_draft if drafting else None,
+        draft_params=spec.draft_params(),
         **{**declared_options, "n_batch": n_batch}, model=args.model, api_keys=_api_keys(args),
-        alias=tuple(a.strip() for a in (args.alias or "").split(",") if a.strip()),
-        tags=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()),
-        use_jinja=args.jinja, chat_template=template,
-        reasoning_format=args.reasoning_format, enable_thinking=reasoning[args.reasoning], defaults=defaults)
+        chat_template=template, defaults=defaults)
     if args.ray:
         from samplechain.integrations.ray_serve import serve_ray
 
@@ -277,7 +244,7 @@ def child_args(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     out: list[str] = []
     i = 0
     while i < len(argv):
-        arg = parser._dashed(argv[i]) if hasattr(parser, "_dashed") else argv[i]
+        arg = parser.dashed(argv[i]) if hasattr(parser, "dashed") else argv[i]
         name, eq, _ = arg.partition("=")
         if name not in actions and name.startswith("-") and not name.startswith("--"):  # -mFILE: a value attached
             name = next((o for o in shorts if name.startswith(o)), name)
@@ -348,23 +315,3 @@ def remote_preset_keys(parser: argparse.ArgumentParser) -> frozenset[str]:
     names = {n.lstrip("-") for a in parser._actions for n in a.option_strings
              if any(o.lstrip("-") in allowed for o in a.option_strings)}
     return frozenset(allowed | names | set(PRESET_ONLY))
-
-
-def add_declared(group: argparse._ArgumentGroup, cls: type) -> None:
-    """The flags of a config class's declared options (``server/options.py``): each with its field as ``dest``;
-    a switch's ``--no-`` form sets it false."""
-    for opt in declared(cls):
-        arg = dict(opt.arg)
-        if arg.get("action") is None and "metavar" not in arg:  # N for numbers, else the long flag's name
-            number = arg.get("type") not in (None, str)
-            arg["metavar"] = "N" if number else opt.flags[-1].lstrip("-").upper().replace("-", "_")
-        default = opt.default if opt.flag_default is UNSET else opt.flag_default
-        group.add_argument(*opt.flags, dest=opt.name, default=default, help=opt.help, **arg)
-        if opt.negative:
-            group.add_argument(*opt.negative, dest=opt.name, action="store_false", help=opt.negative_help)
-
-
-def declared_values(args: argparse.Namespace, cls: type) -> dict[str, Any]:
-    """The declared options' fields from the parsed flags, each checked and converted (ValueError: a usage
-    error, with the option's message)."""
-    return {opt.name: opt.value(getattr(args, opt.name)) for opt in declared(cls)}

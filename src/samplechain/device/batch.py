@@ -26,7 +26,7 @@ import torch
 
 from samplechain.candidates import Candidates
 from samplechain.chain import Chain
-from samplechain.device.group import _Group, _Row, plan_prefix
+from samplechain.device.group import BatchGroup, BatchRow, plan_prefix
 from samplechain.device.protocol import ChainRow, RowSampler
 from samplechain.rows import Rows, block_max
 from samplechain.samplers.base import SELECTOR, Sampler
@@ -55,7 +55,7 @@ class BatchSampler:
             raise ValueError(f"unknown device {device!r}") from e
         self.select_on_device = select_on_device
         seen: set[int] = set()
-        self._rows: list[_Row] = []
+        self._rows: list[BatchRow] = []
         for i, owner in enumerate(chains):
             if isinstance(owner, Chain):
                 row_sampler: RowSampler = ChainRow(owner)
@@ -66,7 +66,7 @@ class BatchSampler:
             if id(owner) in seen:
                 raise ValueError(f"chains[{i}] appears twice; every row needs its own chain (clone() it)")
             seen.add(id(owner))
-            row = _Row(row_sampler, list(row_sampler.samplers), 0, (), bool(row_sampler.cpu_only))
+            row = BatchRow(row_sampler, list(row_sampler.samplers), 0, (), bool(row_sampler.cpu_only))
             if not row.cpu_only:
                 row.prefix, row.key = plan_prefix(row.samplers, select_on_device)
             row.seeded = [s for s in row.samplers if hasattr(s, "rng")]
@@ -75,13 +75,13 @@ class BatchSampler:
         for i, row in enumerate(self._rows):
             if row.key:
                 by_key.setdefault(row.key, []).append(i)
-        self._groups: list[_Group] = []
+        self._groups: list[BatchGroup] = []
         for idx in by_key.values():
             members = [[s for s in self._rows[i].samplers[: self._rows[i].prefix] if not s.disabled] for i in idx]
             whole = idx == list(range(len(self._rows)))
             index = None if whole else torch.tensor(idx, dtype=torch.int64, device=self.device)
             records = any(not isinstance(self._rows[i].owner, ChainRow) for i in idx)
-            self._groups.append(_Group(idx, [list(slot) for slot in zip(*members, strict=True)], index, records))
+            self._groups.append(BatchGroup(idx, [list(slot) for slot in zip(*members, strict=True)], index, records))
         self._cpu_rows = [i for i, row in enumerate(self._rows) if not row.key]
         self._cpu_index = (torch.tensor(self._cpu_rows, dtype=torch.int64, device=self.device)
                            if self._cpu_rows else None)
@@ -263,14 +263,14 @@ class BatchSampler:
         return out
 
     @staticmethod
-    def _block_width(g: _Group) -> int:
+    def _block_width(g: BatchGroup) -> int:
         lay = g.layout
         width = 1 + len(lay.draws)
         if lay.form is not None:
             width += {"all": 0, "n": 1, "live": lay.width}[lay.form] + (0 if lay.identity else lay.width) + lay.width
         return width
 
-    def _read_group(self, g: _Group, arr: np.ndarray, row_max: np.ndarray, saved: list, tokens: list,
+    def _read_group(self, g: BatchGroup, arr: np.ndarray, row_max: np.ndarray, saved: list, tokens: list,
                     records: list, redo: list) -> None:
         lay = g.layout
         codes = arr[:, 0].astype(np.int64).tolist()

@@ -26,7 +26,9 @@ def _numbers(value: object) -> bool:
 
 
 @dataclass
-class _Row:
+class BatchRow:
+    """One row of a ``BatchSampler``: its samplers, how many of them run on the device, and its prefix's shape."""
+
     owner: RowSampler
     samplers: list[Sampler]
     prefix: int  # samplers[:prefix] run on the device (disabled ones are skipped)
@@ -47,7 +49,7 @@ class _Layout:
     sorted: bool
 
 
-class _Group:
+class BatchGroup:
     """Rows whose device prefixes have the same shape: one program, per-row parameters, a static input buffer."""
 
     def __init__(self, rows: list[int], members: list[list[Sampler]], index: torch.Tensor | None,

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from samplechain.grammar.left_recursion import _check_left_recursion
+from samplechain.grammar.left_recursion import check_left_recursion
 from samplechain.grammar.parser import (
     ALT,
     CHAR,
@@ -35,7 +35,7 @@ from samplechain.grammar.utf8 import INVALID, NO_PARTIAL, Partial, decode, parti
 
 Stack = tuple[int, ...]
 MAX_STACKS = 100_000  # a state with more live parses than this is refused (ambiguity explosion)
-_CHARSET = (CHAR, CHAR_NOT, CHAR_ANY)
+CHARSET = (CHAR, CHAR_NOT, CHAR_ANY)
 _TOKENS = (TOKEN, TOKEN_NOT)
 _budget = threading.local()
 
@@ -146,7 +146,7 @@ class Grammar:
         self.symbol_ids = parsed.symbol_ids
         self.root = root
         self.root_id = parsed.symbol_ids[root]
-        _check_left_recursion(parsed)
+        check_left_recursion(parsed)
         self.types: list[int] = []
         self.values: list[int] = []
         self.rule_start: list[int] = []
@@ -157,7 +157,7 @@ class Grammar:
                 self.values.append(v)
         self.charsets: dict[int, CharSet] = {}
         for pos, t in enumerate(self.types):
-            if t in _CHARSET:
+            if t in CHARSET:
                 self.charsets[pos] = self._charset(pos)
         self._ends = [t in (END, ALT) for t in self.types]  # the position ends an alternative
         self._alts: list[tuple[int, ...]] = []  # each rule's alternatives, as their first positions in order
@@ -292,7 +292,7 @@ class Grammar:
         for cp in cps:
             nxt: list[Stack] = []
             for s in cur:
-                if s and types[s[-1]] in _CHARSET and cp in charsets[s[-1]]:
+                if s and types[s[-1]] in CHARSET and cp in charsets[s[-1]]:
                     for t in self.step(s):
                         if t not in nxt:
                             nxt.append(t)
@@ -332,7 +332,7 @@ class Grammar:
         if by_text:
             out = by_text + [t for t in by_id if t not in by_text]
             if partial[1] > 0:
-                out = [s for s in out if s and types[s[-1]] in _CHARSET and self.charsets[s[-1]].can_complete(partial)]
+                out = [s for s in out if s and types[s[-1]] in CHARSET and self.charsets[s[-1]].can_complete(partial)]
         else:
             out, partial = by_id, NO_PARTIAL
         nxt = self.state(out, partial) if out else None

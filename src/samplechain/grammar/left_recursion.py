@@ -7,7 +7,7 @@ from __future__ import annotations
 from samplechain.grammar.parser import ALT, END, RULE_REF, Element, GrammarError, ParsedGrammar
 
 
-def _check_left_recursion(parsed: ParsedGrammar) -> None:
+def check_left_recursion(parsed: ParsedGrammar) -> None:
     """Refuse left recursion: llama.cpp's check, plus any left cycle that grows the stack.
 
     llama.cpp only treats rules with an empty alternative of their own as nullable, so recursion through an

@@ -101,7 +101,7 @@ class GrammarSampler(Sampler):
             raise GrammarError(f"trigger token {token!r} is not a token id in [0, {self.vocab.n_tokens})")
         return int(token)
 
-    def _params(self) -> dict:
+    def params(self) -> dict:
         return {"grammar": self.source, "root": self.root, "lazy": self.is_lazy}
 
     # --- state --------------------------------------------------------------------------------------------

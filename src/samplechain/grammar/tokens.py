@@ -81,10 +81,10 @@ class TokenTable:
     @classmethod
     def of(cls, vocab: object) -> TokenTable:
         """The table of a :class:`~samplechain.Vocab` (built once per vocabulary)."""
-        table = getattr(vocab, "_grammar_tokens", None)
+        table = getattr(vocab, "grammar_tokens", None)
         if table is None:
             table = cls([vocab.token_bytes(i) for i in range(vocab.n_tokens)], vocab.eog, vocab.control)
-            vocab._grammar_tokens = table
+            vocab.grammar_tokens = table
         return table
 
 
@@ -98,7 +98,7 @@ class TokenTrie:
     Nodes are numbered depth by depth (``dstart[d]`` is the first node of depth ``d``, the prefixes of ``d + 1``
     code points) and, within a depth, in position order; a node's children are the nodes ``[clo, chi)``. Nodes are
     also listed by code point and then position (``by_cp``, with ``ucp`` the distinct code points and ``ucp_start``
-    their offsets), for the walk that skips over a loop of the grammar (``masks.py``); ``cpi`` is each node's index
+    their offsets), for the walk that skips over a loop of the grammar (``mask_walk.py``); ``cpi`` is each node's index
     into ``ucp``, so that a character set is a lookup table over the vocabulary's distinct code points.
     """
 

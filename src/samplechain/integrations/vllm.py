@@ -80,8 +80,9 @@ def request_params(extra_args: Mapping[str, Any], vllm_seed: int | None = None, 
     defaults (``json_schema`` as llama-server reads it: ``{}`` is any object). The seed: ``extra_args["seed"]``,
     else vLLM's ``seed``, else a random one; choice ``i`` of ``n`` gets ``seed + i`` (llama-server's rule)."""
     from samplechain.grammar import json_schema_to_gbnf
+    from samplechain.server.config import Defaults
     from samplechain.server.limits import APIError
-    from samplechain.server.request import Defaults, parse_sampling
+    from samplechain.server.request import parse_sampling
 
     body = {ALIASES.get(k, k): v for k, v in extra_args.items() if k in FIELDS and k not in (OPT_IN, PROBS_KEY)}
     try:  # the server's reading of the fields, with its limits (schema and grammar sizes, counts, texts)
@@ -135,9 +136,9 @@ class _RowProxy:
         when refused, as llama-server's ``grammar_first=false``)."""
         common = self.req.common
         has_grammar = common.grammar_applies()
-        c, token = common._select(logits, False, None)
+        c, token = common.select(logits, False, None)
         if has_grammar and not common.grammar_allows(token):
-            c, token = common._select(logits, True, None)
+            c, token = common.select(logits, True, None)
         common.record(c)
         self.req.pending = (token, *self.req.pending[1:])
         return token

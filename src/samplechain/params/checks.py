@@ -10,8 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from samplechain.param_specs import INT32_MAX
-from samplechain.samplers._ops import check_int, check_number
+from samplechain.validate import INT32_MAX, check_int, check_number
 
 # --- field checks: (name, value) -> the value as stored; ValueError naming the field ---------------------------
 

@@ -34,7 +34,6 @@ import numpy as np
 from samplechain.candidates import Candidates
 from samplechain.chain import Chain
 from samplechain.grammar import GrammarSampler, json_schema_to_gbnf
-from samplechain.param_specs import INT32_MAX
 from samplechain.params.checks import TRIGGER_PATTERN, TRIGGER_TOKEN, TRIGGER_WORD
 from samplechain.params.sampling_params import SamplingParams
 from samplechain.samplers import (
@@ -58,7 +57,7 @@ from samplechain.samplers import (
     TopP,
     Typical,
 )
-from samplechain.samplers._ops import check_int
+from samplechain.validate import INT32_MAX, check_int
 from samplechain.vocab import Vocab
 
 # observe(name, sampler, candidates): "logits" with no sampler for a pass's fresh candidates, then each stage's
@@ -298,9 +297,11 @@ class CommonSampler:
             out.append(self.grammar)
         return out
 
-    def _select(self, logits: object, with_grammar: bool, observe: Observer | None) -> tuple[Candidates, int]:
-        """One pass of :meth:`stages` over fresh candidates. Unobserved, the chain runs as one ``Chain.apply``
-        (its fused steps are bitwise its members applied one by one: tests/test_fused_chain.py)."""
+    def select(self, logits: object, with_grammar: bool, observe: Observer | None) -> tuple[Candidates, int]:
+        """One pass of :meth:`stages` over fresh candidates: the candidates and the selected token, accepted by
+        nothing (:meth:`sample` is two of these, the second one on a grammar rejection, then :meth:`accept`).
+        Unobserved, the chain runs as one ``Chain.apply`` (its fused steps are bitwise its members applied one by
+        one: tests/test_fused_chain.py)."""
         c = Candidates.from_logits(logits)
         if observe is None:
             for s in self._before_chain(with_grammar):
@@ -327,9 +328,9 @@ class CommonSampler:
         """
         t0 = time.perf_counter()
         has_grammar = self.grammar_applies()
-        c, token = self._select(logits, has_grammar and grammar_first, observe)
+        c, token = self.select(logits, has_grammar and grammar_first, observe)
         if has_grammar and not grammar_first and not self.grammar_allows(token):
-            c, token = self._select(logits, True, observe)  # rejection: resample from fresh logits with the mask
+            c, token = self.select(logits, True, observe)  # rejection: resample from fresh logits with the mask
         self._cur = c
         self._t_total_us += (time.perf_counter() - t0) * 1e6
         self.accept(token, is_generated=True)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from samplechain.param_specs import json_float
 from samplechain.params.checks import parse_logit_bias
 from samplechain.params.sampler_names import parse_sampler_chars, parse_sampler_names
+from samplechain.validate import json_float
 
 
 def read_dry_base(value: object, default: float) -> float:

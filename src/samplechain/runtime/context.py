@@ -79,7 +79,7 @@ class Context:
             raise ValueError("seq_ids needs one non-empty entry per token")
         for s in seqs:
             for sid in s:
-                self.kv._check_seq(sid)
+                self.kv.check_seq(sid)
         if positions is None:
             start = self.kv.seq_pos_max(seqs[0][0]) + 1
             pos = np.arange(start, start + n, dtype=np.int64)

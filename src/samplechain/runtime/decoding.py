@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from samplechain.options import option
 from samplechain.runtime.events import Final, Token
 
 if TYPE_CHECKING:
@@ -95,13 +96,20 @@ class Timings:
 
 @dataclass
 class Rules:
-    """When a generation stops and what text it shows."""
+    """When a generation stops and what text it shows. ``n_predict``, ``n_keep`` and ``stop`` are declared options
+    (``options.py``): ``generate``'s flags, and ``serve``'s defaults for every request."""
 
-    n_predict: int = -1  # tokens at most (-1: no limit but the context)
-    n_keep: int = 0  # cells a context shift keeps (the BOS included)
+    n_predict: int = option(-1, "-n", "--n-predict", "--predict", type=int,
+                            check=lambda v: None if v >= -1 else f"-n/--n-predict must be -1 or more, got {v}",
+                            help="tokens to generate at most (-1 = until end of generation or the context limit)")
+    n_keep: int = option(0, "--keep", type=int,
+                         help="tokens of the prompt kept on context shift (-1 = all)")  # the BOS included
     n_discard: int = 0  # cells a context shift drops (0: half of the rest)
     context_shift: bool = True
-    stop: tuple[str, ...] = ()
+    stop: tuple[str, ...] = option((), "-r", "--reverse-prompt", action="append", flag_default=[],
+                                   convert=lambda v: tuple(r for r in v if r), metavar="TEXT",
+                                   help="stop generating at this text (repeatable; interactive and conversation "
+                                        "modes then wait for input)")
     server: bool = False  # llama-server's text rules, else llama-cli's (see the module's docstring)
     special: bool = False  # special tokens' text (llama-server's ``special``; llama-cli always shows them)
     preserved: frozenset[int] = frozenset()  # special tokens whose text shows anyway (a chat format's tool tags)

@@ -15,6 +15,8 @@ import os
 import numpy as np
 import torch
 
+from samplechain.runtime.config import CACHE_TYPES_AS_F16, cache_type_error
+
 
 class KVCacheFull(RuntimeError):
     """No free cells for a batch (and context shifting is off or not enough)."""
@@ -32,18 +34,16 @@ def _memory_bytes(device: torch.device) -> int | None:
     return None
 
 
-KV_TYPES = {"f32": torch.float32, "f16": torch.float16}  # llama.cpp's -ctk / -ctv names for the types kept
-# llama.cpp's other cache types (common/arg.cpp: kv_cache_types): accepted, kept as f16 with a note
-KV_TYPES_AS_F16 = ("bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+KV_TYPES = {"f32": torch.float32, "f16": torch.float16}  # the types kept (runtime/config.py: CACHE_TYPES)
 
 
 def kv_type(flag: str, name: str) -> tuple[torch.dtype, str | None]:
     """The dtype for a -ctk / -ctv value and a note when it is kept otherwise; ValueError for an unknown one."""
     if name in KV_TYPES:
         return KV_TYPES[name], None
-    if name in KV_TYPES_AS_F16:
+    if name in CACHE_TYPES_AS_F16:
         return torch.float16, f"{flag} {name}: kept as f16 here (a 16-bit cache; {name} is not provided)"
-    raise ValueError(f"{flag}: unsupported cache type {name!r} ({', '.join([*KV_TYPES, *KV_TYPES_AS_F16])})")
+    raise ValueError(cache_type_error(flag, name))
 
 
 class KVCache:
@@ -96,7 +96,9 @@ class KVCache:
         used = np.flatnonzero(self.pos >= 0)
         return int(used[-1]) + 1 if used.size else 0
 
-    def _check_seq(self, seq: int, allow_all: bool = False) -> None:
+    def check_seq(self, seq: int, allow_all: bool = False) -> None:
+        """Refuse (``ValueError``) a sequence id that is not an integer in ``[0, n_seq_max)``; with ``allow_all``,
+        -1 (every sequence, as llama.cpp's ``seq_rm`` takes it) passes too."""
         if allow_all and seq == -1:
             return
         if isinstance(seq, bool) or not isinstance(seq, (int, np.integer)) or not 0 <= seq < self.n_seq_max:
@@ -118,18 +120,18 @@ class KVCache:
         self.head = 0
 
     def seq_pos_min(self, seq: int) -> int:
-        self._check_seq(seq)
+        self.check_seq(seq)
         p = self.pos[self.seq[:, seq]]
         return int(p.min()) if p.size else -1
 
     def seq_pos_max(self, seq: int) -> int:
-        self._check_seq(seq)
+        self.check_seq(seq)
         p = self.pos[self.seq[:, seq]]
         return int(p.max()) if p.size else -1
 
     def seq_positions(self, seq: int) -> np.ndarray:
         """Cells of ``seq`` ordered by position (for state files and tests)."""
-        self._check_seq(seq)
+        self.check_seq(seq)
         cells = np.flatnonzero(self.seq[:, seq])
         return cells[np.argsort(self.pos[cells], kind="stable")]
 
@@ -137,7 +139,7 @@ class KVCache:
 
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
         """Remove ``seq`` from the cells in ``[p0, p1)``; ``seq == -1`` empties them whatever their owners."""
-        self._check_seq(seq, allow_all=True)
+        self.check_seq(seq, allow_all=True)
         in_range = self._range(p0, p1)
         if seq == -1:
             freed = np.flatnonzero(in_range)
@@ -152,15 +154,15 @@ class KVCache:
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         """Make ``dst`` an owner of ``src``'s cells in ``[p0, p1)`` (shared cells, no data copied)."""
-        self._check_seq(src)
-        self._check_seq(dst)
+        self.check_seq(src)
+        self.check_seq(dst)
         if src == dst:
             return
         self.seq[self._range(p0, p1) & self.seq[:, src], dst] = True
 
     def seq_keep(self, seq: int) -> None:
         """Cells of ``seq`` keep only ``seq`` as owner; every other cell is emptied."""
-        self._check_seq(seq)
+        self.check_seq(seq)
         mine = self.seq[:, seq].copy()
         others = np.flatnonzero(~mine & (self.pos >= 0))
         self._free(others)
@@ -171,7 +173,7 @@ class KVCache:
 
     def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
         """Shift positions of ``seq``'s cells in ``[p0, p1)`` by ``delta``; cells pushed below 0 are emptied."""
-        self._check_seq(seq)
+        self.check_seq(seq)
         if delta == 0:
             return
         cells = np.flatnonzero(self._range(p0, p1) & self.seq[:, seq])
@@ -189,7 +191,7 @@ class KVCache:
 
         llama.cpp records the shift as ``old - new``, which rotates keys the wrong way; we record ``new - old``.
         """
-        self._check_seq(seq)
+        self.check_seq(seq)
         if d <= 0:
             raise ValueError(f"seq_div divisor must be positive, got {d}")
         if d == 1:
@@ -223,7 +225,7 @@ class KVCache:
         first = np.array([s[0] for s in seq_ids], dtype=np.int64)
         cells = np.empty(len(seq_ids), dtype=np.int64)
         for s in np.unique(first).tolist():
-            self._check_seq(s)
+            self.check_seq(s)
             lo = s * self.stream_size
             rows = np.flatnonzero(first == s)
             empty = np.flatnonzero(self.pos[lo:lo + self.stream_size] < 0)
@@ -244,7 +246,7 @@ class KVCache:
         """Record the metadata of a batch written to ``cells``."""
         for seqs in seq_ids:
             for s in seqs:
-                self._check_seq(s)
+                self.check_seq(s)
         self.pos[cells] = positions
         self.seq[cells] = False
         self.shift[cells] = 0

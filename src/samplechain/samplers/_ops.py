@@ -1,8 +1,6 @@
-"""Shared exact operations over candidates: parameter checks, llama.cpp's softmax helper, top-k selection."""
+"""Shared exact operations over candidates: llama.cpp's softmax helper, top-k selection."""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -10,28 +8,7 @@ from samplechain._numeric import expf, seq_sum_f32
 from samplechain.candidates import Candidates
 
 # Full sorts below this size; above it, selection by a block-maximum threshold (one pass over the logits).
-_SMALL = 1024
-
-
-def check_number(name: str, value: object, *, finite: bool = True) -> float:
-    """A real number (not bool); NaN always rejected, infinities rejected when ``finite``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    v = float(value)
-    if math.isnan(v):
-        raise ValueError(f"{name} must not be NaN")
-    if finite and math.isinf(v):
-        raise ValueError(f"{name} must be finite, got {v}")
-    return v
-
-
-def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    v = int(value)
-    if minimum is not None and v < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {v}")
-    return v
+SMALL_SORT = 1024
 
 
 def softmax(c: Candidates, do_sort: bool) -> np.ndarray:
@@ -109,14 +86,14 @@ def top_k_order(c: Candidates, k: int) -> tuple[np.ndarray, np.ndarray]:
     Large inputs take one pass: the k-th largest of the column maxima of a (rows, cols) view is a value that
     at least k entries reach, so only entries at or above it need sorting.
     """
-    x = c._logits
+    x = c.logits
     n = len(x)
-    if n <= _SMALL or k * 16 > n:
+    if n <= SMALL_SORT or k * 16 > n:
         order = np.negative(x).argsort(kind="stable")
         if k < n:
             order = order[:k]
         return order, x[order]
-    col_max = c._col_max
+    col_max = c.column_max
     if col_max is not None and k * 16 <= len(col_max):
         kth = len(col_max) - k
         part = col_max.copy()  # np.partition without its Python wrapper

@@ -8,9 +8,10 @@ import numpy as np
 from samplechain._numeric import F32
 from samplechain.candidates import Candidates
 from samplechain.rng import DEFAULT_SEED
-from samplechain.samplers._ops import check_number, softmax
+from samplechain.samplers._ops import softmax
 from samplechain.samplers.base import SELECTOR
 from samplechain.samplers.selectors import SeededSampler
+from samplechain.validate import check_number
 
 _PEAK = F32(5.0)
 _SHARPNESS = F32(10.0)
@@ -38,7 +39,7 @@ class AdaptiveP(SeededSampler):
         self._pending: tuple[int, int] | None = None
         self._original: np.ndarray | None = None
 
-    def _params(self) -> dict:
+    def params(self) -> dict:
         return {"target": float(self.target), "decay": float(self.decay), "seed": self.seed}
 
     def reset(self) -> None:

@@ -95,8 +95,9 @@ class Sampler:
         return "?" + self.name if self.disabled else self.name
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={v!r}" for k, v in self._params().items())
+        fields = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
         return f"{type(self).__name__}({fields})"
 
-    def _params(self) -> dict:
+    def params(self) -> dict:
+        """The sampler's parameters by name (what its ``repr`` shows and a trace records); none by default."""
         return {}

@@ -11,9 +11,9 @@ import numpy as np
 
 from samplechain._numeric import F32, F64, logf
 from samplechain.candidates import Candidates
-from samplechain.samplers._ops import check_int, check_number
 from samplechain.samplers.base import Sampler
 from samplechain.samplers.penalties import positions_of
+from samplechain.validate import check_int, check_number
 
 if TYPE_CHECKING:
     from samplechain.vocab import Vocab
@@ -32,7 +32,7 @@ def process_breakers(vocab: Vocab, breakers: Iterable[str]) -> Breakers:
     of one, becomes a head; its tail is the tokenization of the rest of the breaker. The last ``_MAX_CACHED`` sets
     are cached per vocabulary."""
     key = tuple(breakers)
-    cache = vocab._dry_cache
+    cache = vocab.dry_breakers
     if key in cache:
         cache[key] = cache.pop(key)  # the most recently used last
         return cache[key]
@@ -134,7 +134,7 @@ class DRY(Sampler):
         self._ring: deque[int] = deque(maxlen=max(self.last_n, 1))
         self._max_exp = int(_FLOAT_MAX_LOG / logf(self.base)) if self.base > F32(1.000001) else 0
 
-    def _params(self) -> dict:
+    def params(self) -> dict:
         return {"multiplier": float(self.multiplier), "base": float(self.base),
                 "allowed_length": self.allowed_length, "last_n": self.last_n}
 

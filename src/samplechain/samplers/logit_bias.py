@@ -9,9 +9,9 @@ import numpy as np
 
 from samplechain._numeric import F32, f32
 from samplechain.candidates import Candidates
-from samplechain.samplers._ops import check_int, check_number
 from samplechain.samplers.base import DeviceShape, Sampler
 from samplechain.samplers.penalties import device_scatter_add, device_table, positions_of
+from samplechain.validate import check_int, check_number
 
 
 def normalize_biases(
@@ -50,7 +50,7 @@ class LogitBias(Sampler):
         self._tokens = np.fromiter(self.biases.keys(), dtype=np.int64, count=len(self.biases))
         self._values = np.fromiter(self.biases.values(), dtype=F32, count=len(self.biases))
 
-    def _params(self) -> dict:
+    def params(self) -> dict:
         return {"n_vocab": self.n_vocab, "biases": self.biases}
 
     def apply(self, c: Candidates) -> None:

@@ -9,9 +9,10 @@ import numpy as np
 
 from samplechain._numeric import F32, log2f, logf, logf_array, powf, seq_sum_f32
 from samplechain.candidates import Candidates
-from samplechain.samplers._ops import apply_top_k, check_int, check_number, softmax
+from samplechain.samplers._ops import apply_top_k, softmax
 from samplechain.samplers.base import SELECTOR
 from samplechain.samplers.selectors import SeededSampler
+from samplechain.validate import check_int, check_number
 
 _INT32_MAX = 2**31 - 1
 
@@ -47,7 +48,7 @@ class Mirostat(_MirostatBase):
         self.m = check_int("m", m)
         super().__init__(seed, tau, eta)
 
-    def _params(self) -> dict:
+    def params(self) -> dict:
         return {"n_vocab": self.n_vocab, "seed": self.seed, "tau": float(self.tau), "eta": float(self.eta),
                 "m": self.m}
 
@@ -90,7 +91,7 @@ class MirostatV2(_MirostatBase):
     def __init__(self, seed: int, tau: float, eta: float) -> None:
         super().__init__(seed, tau, eta)
 
-    def _params(self) -> dict:
+    def params(self) -> dict:
         return {"seed": self.seed, "tau": float(self.tau), "eta": float(self.eta)}
 
     def apply(self, c: Candidates) -> None:

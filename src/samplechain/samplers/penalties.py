@@ -9,8 +9,8 @@ import numpy as np
 
 from samplechain._numeric import F32, f32
 from samplechain.candidates import Candidates
-from samplechain.samplers._ops import check_int, check_number
 from samplechain.samplers.base import DeviceShape, Sampler
+from samplechain.validate import check_int, check_number
 
 
 def device_table(rows, tokens: list[np.ndarray], values: list[np.ndarray]) -> tuple:
@@ -82,7 +82,7 @@ class Penalties(Sampler):
         self._ring: deque[int] = deque(maxlen=max(self.last_n, 1))
         self._counts: Counter[int] = Counter()
 
-    def _params(self) -> dict:
+    def params(self) -> dict:
         return {"last_n": self.last_n, "repeat": float(self.repeat), "freq": float(self.freq),
                 "present": float(self.present)}
 

@@ -17,8 +17,9 @@ from samplechain._numeric import (
     seq_sum_f32,
 )
 from samplechain.candidates import Candidates
-from samplechain.samplers._ops import _SMALL, check_int, check_number, indices_at_least, softmax
+from samplechain.samplers._ops import SMALL_SORT, indices_at_least, softmax
 from samplechain.samplers.base import DEVICE_SMALL_WIDTH, FILTER, DeviceShape, Sampler
+from samplechain.validate import check_int, check_number
 
 
 def nucleus_size(p_desc: np.ndarray, p: np.float32, min_keep: int) -> int:
@@ -74,7 +75,7 @@ class _ProbabilityFilter(Sampler):
     def _disabled_for(p: np.float32) -> bool:
         return bool(p >= 1.0)
 
-    def _params(self) -> dict:
+    def params(self) -> dict:
         return {"p": float(self.p), "min_keep": self.min_keep}
 
 
@@ -88,7 +89,7 @@ class TopP(_ProbabilityFilter):
         n = len(c)
         if self.disabled or n == 0:
             return
-        if c.sorted or n <= _SMALL or not self._apply_large(c):
+        if c.sorted or n <= SMALL_SORT or not self._apply_large(c):
             probs = softmax(c, do_sort=False)  # summed in the incoming order, then sorted (as llama.cpp)
             if not c.sorted:
                 c.sort()
@@ -104,7 +105,7 @@ class TopP(_ProbabilityFilter):
         searched among the largest entries, growing the set until its mass exceeds ``p`` with margin.
         """
         x = c.logits
-        total, head_idx, head_e = _softmax_sum_f32(np.subtract(x, c.max_logit))
+        total, head_idx, head_e = softmax_sum_f32(np.subtract(x, c.max_logit))
         need = (float(self.p) + 1e-3) * float(total)
         if float(np.add.reduce(head_e, dtype=F64)) < need:
             return False  # a flat distribution: the nucleus reaches into the tail
@@ -209,7 +210,7 @@ def _nucleus_bounds(rows, members) -> tuple:
 _SIGNIFICANT = F32(-17.5)  # e^-17.5 < 2^-25: below half an ulp of any binary32 sum that holds a value >= 1
 
 
-def _softmax_sum_f32(d: np.ndarray) -> tuple[np.float32, np.ndarray, np.ndarray]:
+def softmax_sum_f32(d: np.ndarray) -> tuple[np.float32, np.ndarray, np.ndarray]:
     """``sum(expf(d))`` as llama.cpp's softmax accumulates it: binary32, left to right, ``d = x - max <= 0``.
 
     Adding a term below half an ulp of the running sum leaves it unchanged, and the running sum never
@@ -244,7 +245,7 @@ class MinP(_ProbabilityFilter):
 
     def __init__(self, p: float, min_keep: int = 1) -> None:
         super().__init__(p, min_keep)
-        self._log_p = logf(self.p) if not self.disabled else F32(0.0)
+        self.log_p = logf(self.p) if not self.disabled else F32(0.0)  # the threshold's offset from the top logit
 
     @staticmethod
     def _disabled_for(p: np.float32) -> bool:
@@ -254,14 +255,14 @@ class MinP(_ProbabilityFilter):
         if self.disabled or len(c) == 0:
             return
         if not c.sorted:
-            thr = c.max_logit + self._log_p
+            thr = c.max_logit + self.log_p
             keep = indices_at_least(c, thr)
             if len(keep) and len(keep) >= self.min_keep:
                 if len(keep) < len(c):
                     c.take(keep)
                 return
             c.sort()
-        c.truncate(min_p_sorted_size(c.logits, self._log_p, self.min_keep))
+        c.truncate(min_p_sorted_size(c.logits, self.log_p, self.min_keep))
 
     def device_plan(self, shape: DeviceShape) -> DeviceShape | None:
         if self.disabled:
@@ -274,7 +275,7 @@ class MinP(_ProbabilityFilter):
         return (self.min_keep <= 1 and self.p <= 1.0,)
 
     def device_apply(self, rows, members) -> None:
-        log_p = rows.param(members, "_log_p")
+        log_p = rows.param(members, "log_p")
         if not rows.sorted:
             # strictly below the threshold goes (llama.cpp's device form also dropped entries equal to it)
             rows.remove(rows.logits < rows.row_max() + log_p)

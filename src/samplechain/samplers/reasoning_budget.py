@@ -19,8 +19,8 @@ import numpy as np
 
 from samplechain._numeric import F32, NEG_INF
 from samplechain.candidates import Candidates
-from samplechain.samplers._ops import check_int
 from samplechain.samplers.base import FILTER, Sampler
+from samplechain.validate import check_int
 
 if TYPE_CHECKING:
     from samplechain.vocab import Vocab
@@ -220,7 +220,7 @@ class ReasoningBudget(Sampler):
         self.force_pos = 0
         self._end_match = -1
 
-    def _params(self) -> dict:
+    def params(self) -> dict:
         return {"start": self.start, "end": self.end, "forced": self.forced, "budget": self.budget,
                 "initial_state": self.initial_state.name}
 

@@ -67,7 +67,7 @@ class Dist(SeededSampler):
     def __init__(self, seed: int = DEFAULT_SEED) -> None:
         super().__init__(seed)
 
-    def _params(self) -> dict:
+    def params(self) -> dict:
         return {"seed": self.seed}
 
     def apply(self, c: Candidates) -> None:

@@ -7,8 +7,9 @@ import numpy as np
 
 from samplechain._numeric import F32, F64, NEG_INF, logf, logf_array, powf, seq_sum_f32
 from samplechain.candidates import Candidates
-from samplechain.samplers._ops import check_number, softmax
+from samplechain.samplers._ops import softmax
 from samplechain.samplers.base import DEVICE_SMALL_WIDTH, DeviceShape, Sampler
+from samplechain.validate import check_number
 
 _FLT_MAX = float(np.finfo(F32).max)
 
@@ -113,7 +114,7 @@ class Temperature(Sampler):
         self.t = F32(check_number("temperature", t))
         self.disabled = bool(self.t == 1.0)
 
-    def _params(self) -> dict:
+    def params(self) -> dict:
         return {"t": float(self.t)}
 
     def apply(self, c: Candidates) -> None:
@@ -139,7 +140,7 @@ class DynamicTemperature(Sampler):
         self.exponent = F32(check_number("dynatemp_exponent", exponent))
         self.disabled = bool(self.t == 1.0 and self.delta <= 0.0)
 
-    def _params(self) -> dict:
+    def params(self) -> dict:
         return {"t": float(self.t), "delta": float(self.delta), "exponent": float(self.exponent)}
 
     def apply(self, c: Candidates) -> None:

@@ -9,19 +9,19 @@ import numpy as np
 from samplechain._numeric import F32, F64, NEG_INF, seq_sum_f32
 from samplechain.candidates import Candidates
 from samplechain.rng import DEFAULT_SEED
-from samplechain.samplers._ops import apply_top_k, check_int, check_number, softmax
+from samplechain.samplers._ops import apply_top_k, softmax
 from samplechain.samplers.base import DEVICE_SMALL_WIDTH, FILTER, DeviceShape, Sampler
 from samplechain.samplers.probability_filters import (  # noqa: F401  (the truncation samplers, importable from here)
     MinP,
     TopP,
     Typical,
-    _softmax_sum_f32,
     min_p_descending_size,
     min_p_sorted_size,
     nucleus_size,
     nucleus_size_from_sums,
 )
 from samplechain.samplers.selectors import SeededSampler
+from samplechain.validate import check_int, check_number
 
 
 class TopK(Sampler):
@@ -34,7 +34,7 @@ class TopK(Sampler):
         self.k = check_int("top_k", k)
         self.disabled = self.k <= 0
 
-    def _params(self) -> dict:
+    def params(self) -> dict:
         return {"k": self.k}
 
     def apply(self, c: Candidates) -> None:
@@ -97,7 +97,7 @@ class TopNSigma(Sampler):
         self.n = F32(check_number("top_n_sigma", n))
         self.disabled = bool(self.n <= 0.0)
 
-    def _params(self) -> dict:
+    def params(self) -> dict:
         return {"n": float(self.n)}
 
     def apply(self, c: Candidates) -> None:
@@ -171,7 +171,7 @@ class XTC(SeededSampler):
         self.disabled = bool(self.p <= 0.0 or self.t > 0.5)
         super().__init__(seed)
 
-    def _params(self) -> dict:
+    def params(self) -> dict:
         return {"p": float(self.p), "t": float(self.t), "min_keep": self.min_keep, "seed": self.seed}
 
     def apply(self, c: Candidates) -> None:

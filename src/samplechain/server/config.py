@@ -1,4 +1,4 @@
-"""``samplechain serve``'s settings: ``ServerConfig``, whose options are declared once (``server/options.py``) for
+"""``samplechain serve``'s settings: ``ServerConfig``, whose options are declared once (``options.py``) for
 the command line, ``--help`` and their checks. Light to import (no model code): ``samplechain --help`` builds its
 flags from here."""
 
@@ -8,30 +8,44 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from samplechain.param_specs import cli_non_negative_int, cli_non_negative_number, cli_number, cli_positive_int
-from samplechain.server.options import option
+from samplechain.options import option
+from samplechain.params import SamplingParams
+from samplechain.runtime.config import ModelOptions
+from samplechain.runtime.decoding import Rules
+from samplechain.validate import cli_non_negative_int, cli_non_negative_number, cli_number, cli_positive_int
 
 if TYPE_CHECKING:
-    from samplechain.server.request import Defaults
     from samplechain.speculative.config import SpeculationConfig
 
 
-def _cache_type_error(flag: str, value: str) -> str | None:
-    from samplechain.runtime.kv_cache import KV_TYPES, KV_TYPES_AS_F16
-
-    known = [*KV_TYPES, *KV_TYPES_AS_F16]
-    return None if value in known else f"{flag}: unsupported cache type {value!r} ({', '.join(known)})"
+_REASONING = {"on": True, "enabled": True, "true": True, "1": True, "off": False, "disabled": False, "false": False,
+              "0": False, "auto": None}
 
 
-def _defaults() -> Defaults:
-    from samplechain.server.request import Defaults
-
-    return Defaults()
+def _names(value: str | None) -> tuple[str, ...]:
+    """A comma-separated list of names (``-a``, ``--tags``)."""
+    return tuple(n.strip() for n in (value or "").split(",") if n.strip())
 
 
 @dataclass
-class ServerConfig:
-    """``samplechain serve``'s settings (llama-server's flags, declared in common/arg.cpp)."""
+class Defaults:
+    """What a request gets for a field it leaves out or sets to null: the server's command line."""
+
+    params: SamplingParams = field(default_factory=SamplingParams)
+    rules: Rules = field(default_factory=Rules)  # n_predict, n_keep and stop (-n, --keep, -r)
+    cache_prompt: bool = option(True, "--cache-prompt", negative=("--no-cache-prompt",), action="store_true",
+                                help="reuse a slot's cached prompt (default)",
+                                negative_help="every request evaluates its whole prompt")
+    # every response carries ``__verbose`` unless the request says otherwise
+    verbose: bool = option(False, "-v", "--verbose", "--log-verbose", action="store_true",
+                           help="debug logging, and __verbose in every response (unless a request sets verbose "
+                                "false)")
+
+
+@dataclass
+class ServerConfig(ModelOptions):
+    """``samplechain serve``'s settings (llama-server's flags, declared in common/arg.cpp); how the model loads is
+    ``ModelOptions``' (``runtime/config.py``), shared with ``generate``."""
 
     model: str | None = None
     host: str = option("127.0.0.1", "--host", check=lambda v: None if [h for h in v.split(",") if h.strip()]
@@ -44,21 +58,6 @@ class ServerConfig:
                           f"-np/--parallel must be -1 (auto) or positive, got {v}",
                           convert=lambda v: 4 if v == -1 else v,
                           help="slots: requests generated at once (-1 = auto: 4)")
-    n_ctx: int = option(0, "-c", "--ctx-size", type=cli_non_negative_int,
-                        help="context size shared by the slots (0 = the model's training context)")
-    n_batch: int = option(512, "-b", "--batch-size", type=int,
-                          check=lambda v: None if v >= 1 else f"-b/--batch-size must be positive, got {v}",
-                          help="tokens per forward (prompt chunks included)")
-    n_threads: int | None = option(None, "-t", "--threads", type=int, help="CPU threads")
-    device: str = option("cpu", "--device", help="torch device: cpu or cuda")
-    kernel: str | None = option(None, "--kernel", help="CPU forward kernel (default: the fastest measured here)")
-    cache_type_k: str = option("f16", "-ctk", "--cache-type-k",
-                               check=lambda v: _cache_type_error("-ctk/--cache-type-k", v),
-                               help="the KV cache's type for keys: f16 (default, as llama.cpp) or f32; llama.cpp's "
-                                    "quantized types are kept as f16")
-    cache_type_v: str = option("f16", "-ctv", "--cache-type-v",
-                               check=lambda v: _cache_type_error("-ctv/--cache-type-v", v),
-                               help="the KV cache's type for values: f16 (default) or f32")
     api_keys: tuple[str, ...] = ()
     # loopback pages only; "*" any origin (without credentials), or a list
     cors_origins: str = option("localhost", "--cors-origins",
@@ -81,8 +80,10 @@ class ServerConfig:
     slots: bool = option(True, "--slots", negative=("--no-slots",), action="store_true",
                          help="enable /slots (default)")
     props: bool = option(False, "--props", action="store_true", help="allow POST /props")
-    alias: tuple[str, ...] = ()
-    tags: tuple[str, ...] = ()  # informational, in /v1/models (llama-server's --tags)
+    alias: tuple[str, ...] = option((), "-a", "--alias", flag_default=None, convert=_names, metavar="ALIAS",
+                                    help="model id(s) for the API, comma-separated")
+    tags: tuple[str, ...] = option((), "--tags", flag_default=None, convert=_names, metavar="TAGS",
+                                   help="model tags, comma-separated (informational: /v1/models)")
     kv_unified: bool = option(False, "-kvu", "--kv-unified", negative=("-no-kvu", "--no-kv-unified"),
                               action="store_true",
                               help="the slots share one KV pool of -c cells, each may use all of it (default: a "
@@ -106,17 +107,31 @@ class ServerConfig:
                                            help="how much of a request's prompt an idle slot's cached prompt must "
                                                 "match for the request to take that slot (0.0 = off: the least "
                                                 "recently used slot)")
-    use_jinja: bool = True  # --jinja (llama-server's default) / --no-jinja: built-in templates only
+    use_jinja: bool = option(True, "--jinja", negative=("--no-jinja",), action="store_true",
+                             help="render chat templates with jinja (default, as llama-server)",
+                             negative_help="only llama.cpp's built-in chat templates (detected from the model's)")
     chat_template: str | None = None  # --chat-template(-file): a built-in name or jinja source, over the GGUF's
-    reasoning_format: str = "auto"  # --reasoning-format: a chat request's default reasoning_format
-    enable_thinking: bool | None = None  # --reasoning on / off (None: auto, the template's default)
-    context_shift: bool = option(False, "--context-shift", action="store_true",
-                                 help="shift a slot's context when it is full")
+    reasoning_format: str = option("auto", "--reasoning-format",
+                                   choices=("none", "auto", "deepseek", "deepseek-legacy"),
+                                   help="a chat request's default reasoning_format: none leaves thoughts in the "
+                                        "content")
+    # thinking in chat templates: on / off, None: auto (the template's default)
+    enable_thinking: bool | None = option(None, "-rea", "--reasoning", flag_default="auto", metavar="REASONING",
+                                          check=lambda v: None if v in _REASONING else
+                                          f"--reasoning: unknown value {v!r} (on, off or auto)",
+                                          convert=_REASONING.get,
+                                          help="thinking in chat templates: on, off or auto (the template's default)")
+    context_shift: bool = option(False, "--context-shift", negative=("--no-context-shift",), action="store_true",
+                                 help="shift a slot's context when it is full",
+                                 negative_help="a full slot stops its request (default)")
     special: bool = option(False, "--special", action="store_true", help="render special tokens in the output")
-    defaults: Defaults = field(default_factory=_defaults)  # every request's defaults (the sampling flags)
+    defaults: Defaults = field(default_factory=Defaults)  # every request's defaults (the sampling flags)
     speculation: SpeculationConfig | None = None  # drafting in every slot (each task its own drafters), or None
-    embedding: bool = False  # the embeddings routes answer (llama-server's --embedding)
-    pooling: str | None = None  # how embeddings pool (--pooling); None: the model's own type, else none
+    embedding: bool = option(False, "--embedding", "--embeddings", action="store_true",
+                             help="serve /embedding, /embeddings and /v1/embeddings (completions are served too)")
+    pooling: str | None = option(None, "--pooling", choices=("none", "mean", "cls", "last", "rank"),
+                                 help="how embeddings pool the prompt's tokens (default: the model's own type, else "
+                                      "none)")
     model_draft: str | None = None  # a draft model drafting in every slot (-md with --spec-type draft-simple)
     draft_params: dict[str, Any] = field(default_factory=dict)  # the DraftModel's n_max, n_min, p_min, sample, seed
     # after this many seconds without a request that uses the model, the model, its engine and KV cache are

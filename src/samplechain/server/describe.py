@@ -18,7 +18,7 @@ def props_body(state: Any, sleeping: bool) -> dict[str, Any]:
     config = state.config
     m = state.model
     vocab = m.vocab
-    opts = Options(Rules(n_predict=config.defaults.n_predict, n_keep=config.defaults.n_keep))
+    opts = Options(Rules(n_predict=config.defaults.rules.n_predict, n_keep=config.defaults.rules.n_keep))
 
     def text(t: int | None) -> str:
         return vocab.token_bytes(t).decode("utf-8", "replace") if t is not None else ""

@@ -100,5 +100,5 @@ def infill_body(state: ServerState, fim: Mapping[str, int | None], body: dict[st
     engine = state.running_engine
     prompt = pr.tokenize_mixed(state.model, body.get("prompt", ""), add_special=False, n_ctx=engine.n_ctx_slot)
     tokens = format_infill(state.model, fim, body["input_prefix"], body["input_suffix"], extra, prompt,
-                           engine.n_batch, state.config.defaults.n_predict, engine.n_ctx_slot)
+                           engine.n_batch, state.config.defaults.rules.n_predict, engine.n_ctx_slot)
     return {**body, "prompt": tokens}

@@ -20,6 +20,7 @@ from samplechain.params import CommonSampler, SamplingParams, tokenize_logit_bia
 from samplechain.runtime.decoding import Rules
 from samplechain.runtime.generation import Model
 from samplechain.server import limits
+from samplechain.server.config import Defaults
 from samplechain.server.limits import (
     COUNT_LIMITS,
     MAX_FIELD_TEXT,
@@ -36,8 +37,7 @@ from samplechain.server.limits import (
     text_chars,
 )
 from samplechain.server.sampling_fields import FieldError, parse_sampling_fields
-
-INT32_MAX = 2**31 - 1
+from samplechain.validate import INT32_MAX, body_bool, body_int
 
 
 def _reject_constant(name: str) -> Any:
@@ -126,56 +126,27 @@ class Options:
     verbose: bool = False
 
 
-@dataclass
-class Defaults:
-    """What a request gets for a field it leaves out or sets to null: the server's command line."""
-
-    params: SamplingParams = field(default_factory=SamplingParams)
-    n_predict: int = -1
-    n_keep: int = 0
-    stop: tuple[str, ...] = ()
-    cache_prompt: bool = True
-    verbose: bool = False  # --verbose: every response carries ``__verbose`` unless the request says otherwise
-
-
-def _get(body: Mapping[str, Any], *names: str) -> tuple[str, Any]:
-    """The first of ``names`` present and not null (llama-server tries aliases in order)."""
-    for name in names:
-        value = body.get(name)
-        if value is not None:
-            return name, value
-    return names[0], None
-
-
 def int_field(body: Mapping[str, Any], names: Sequence[str], default: int, lo: int = -INT32_MAX - 1,
-         hi: int = INT32_MAX) -> int:
-    name, value = _get(body, *names)
-    if value is None:
-        return default
-    if isinstance(value, bool):
-        value = int(value)
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not isinstance(value, int):
-        raise bad_request(f"Field '{name}': expected an integer, got {json.dumps(value)}")
-    if not lo <= value <= hi:
-        raise bad_request(f"Field '{name}': Value must be between {lo} <= value <= {hi}, but got {value}")
-    return value
+              hi: int = INT32_MAX) -> int:
+    """``validate.body_int``, a bad value a 400."""
+    try:
+        return body_int(body, names, default, lo, hi)
+    except ValueError as e:
+        raise bad_request(str(e)) from None
 
 
 def bool_field(body: Mapping[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise bad_request(f"Field '{name}': expected true or false, got {json.dumps(value)}")
-    return value
+    """``validate.body_bool``, a bad value a 400."""
+    try:
+        return body_bool(body, name, default)
+    except ValueError as e:
+        raise bad_request(str(e)) from None
 
 
 def parse_options(body: Mapping[str, Any], defaults: Defaults, n_slots: int) -> Options:
     """The non-sampling fields of a completion request (llama-server's ``make_llama_cmpl_schema``; absent or
     null = the server default)."""
-    stop = defaults.stop
+    stop = defaults.rules.stop
     if body.get("stop") is not None:
         raw = body["stop"]
         if isinstance(raw, str):
@@ -190,7 +161,7 @@ def parse_options(body: Mapping[str, Any], defaults: Defaults, n_slots: int) -> 
             if len(word) > MAX_STOP_CHARS:
                 raise bad_request(f"Field 'stop': a stop string has at most {MAX_STOP_CHARS} characters, "
                                   f"got {len(word)}")
-        stop = tuple(raw) or defaults.stop
+        stop = tuple(raw) or defaults.rules.stop
     fields = body.get("response_fields")
     if fields is not None and (not isinstance(fields, list) or not all(isinstance(f, str) for f in fields)):
         raise bad_request("Field 'response_fields': must be an array of strings")
@@ -201,9 +172,9 @@ def parse_options(body: Mapping[str, Any], defaults: Defaults, n_slots: int) -> 
     if t_max is not None and (isinstance(t_max, bool) or not isinstance(t_max, (int, float))):
         raise bad_request("Field 't_max_predict_ms': must be a number")
     return Options(
-        rules=Rules(n_predict=int_field(body, ("n_predict", "max_completion_tokens", "max_tokens"), defaults.n_predict,
-                                        -1),
-                    n_keep=int_field(body, ("n_keep",), defaults.n_keep, -1),
+        rules=Rules(n_predict=int_field(body, ("n_predict", "max_completion_tokens", "max_tokens"),
+                                        defaults.rules.n_predict, -1),
+                    n_keep=int_field(body, ("n_keep",), defaults.rules.n_keep, -1),
                     n_discard=int_field(body, ("n_discard",), 0, 0),
                     stop=stop,
                     n_indent=int_field(body, ("n_indent",), 0, 0),
@@ -305,26 +276,3 @@ def chat_logprobs(body: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
         raise bad_request("Field 'top_logprobs': must be an integer in [0, 20]")
     return {"n_probs": max(top, 1)}
-
-
-def valid_filename(name: str) -> bool:
-    """A file name a client may give (``/slots`` save and restore), as llama.cpp's ``fs_validate_filename``: one
-    path component of 1 to 255 bytes, no control or reserved characters (``/ \\ : * ? " < > |`` and their
-    look-alikes), no leading or trailing space, no trailing dot, no ``..``."""
-    try:
-        size = len(name.encode("utf-8"))
-    except UnicodeEncodeError:  # a lone surrogate
-        return False
-    if not 0 < size <= 255 or name == "." or ".." in name or name[0] == " " or name[-1] in " .":
-        return False
-    for ch in name:
-        c = ord(ch)
-        if (c <= 0x1F or c == 0x7F or 0x80 <= c <= 0x9F or c in (0xFF0E, 0x2215, 0x2216, 0xFFFD, 0xFEFF)
-                or 0xD800 <= c <= 0xDFFF or ch in ':*?"<>|/\\'):
-            return False
-    return True
-
-
-def finite(x: float) -> float | None:
-    """JSON has no inf/nan: they serialise as null (as llama-server's JSON library writes them)."""
-    return x if math.isfinite(x) else None

@@ -16,7 +16,7 @@ from samplechain.params import SamplingParams
 from samplechain.runtime.decoding import Rules, Timings
 from samplechain.runtime.events import Error, Final, Progress, Token
 from samplechain.server.limits import APIError
-from samplechain.server.request import Options, finite
+from samplechain.server.request import Options
 
 BUILD_INFO = "b1-samplechain"
 
@@ -343,3 +343,8 @@ class ChatStream:
         if not self.opts.include_usage or not self.finals:
             return None
         return {"choices": [], **self.envelope(), "usage": usage(self.finals), "timings": self.finals[-1].timings}
+
+
+def finite(x: float) -> float | None:
+    """JSON has no inf/nan: they serialise as null (as llama-server's JSON library writes them)."""
+    return x if math.isfinite(x) else None

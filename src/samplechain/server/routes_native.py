@@ -164,7 +164,7 @@ def router(state: ServerState) -> APIRouter:
             name = (await rq.read_json(req)).get("filename")
             if not isinstance(name, str):
                 raise bad_request("Field 'filename': a file name (a string) is required")
-            if not rq.valid_filename(name):
+            if not valid_filename(name):
                 raise bad_request("Invalid filename")
             filename = name
         if not 0 <= sid < len(eng.slots):
@@ -281,3 +281,21 @@ def _erase(eng: Engine, slot: Slot, path: str, filename: str) -> dict[str, Any]:
     n_erased = len(slot.seq.tokens)
     slot.seq.clear()
     return {"id_slot": slot.id, "n_erased": n_erased}
+
+
+def valid_filename(name: str) -> bool:
+    """A file name a client may give (``/slots`` save and restore), as llama.cpp's ``fs_validate_filename``: one
+    path component of 1 to 255 bytes, no control or reserved characters (``/ \\ : * ? " < > |`` and their
+    look-alikes), no leading or trailing space, no trailing dot, no ``..``."""
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    if not 0 < size <= 255 or name == "." or ".." in name or name[0] == " " or name[-1] in " .":
+        return False
+    for ch in name:
+        c = ord(ch)
+        if (c <= 0x1F or c == 0x7F or 0x80 <= c <= 0x9F or c in (0xFF0E, 0x2215, 0x2216, 0xFFFD, 0xFEFF)
+                or 0xD800 <= c <= 0xDFFF or ch in ':*?"<>|/\\'):
+            return False
+    return True

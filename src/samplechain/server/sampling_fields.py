@@ -14,8 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from samplechain.grammar import json_schema_to_gbnf
-from samplechain.param_specs import declarations, first_present
+from samplechain.param_specs import declarations
 from samplechain.params import SamplingParams
+from samplechain.validate import first_present
 
 
 class FieldError(ValueError):

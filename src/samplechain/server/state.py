@@ -84,13 +84,12 @@ class ServerState:
         if loaded is None:
             from samplechain.runtime import load_model
 
-            loaded = load_model(c.model, device=c.device, n_threads=c.n_threads, kernel=c.kernel,
-                                cache_type_k=c.cache_type_k, cache_type_v=c.cache_type_v)
+            loaded = load_model(c.model, **c.load_options())
         draft = None
         if c.model_draft is not None:
             from samplechain.runtime import load_model
 
-            draft = load_model(c.model_draft, device=c.device, n_threads=c.n_threads, kernel=c.kernel)
+            draft = load_model(c.model_draft, **c.load_options())
         from samplechain.runtime.embeddings import model_pooling
 
         served = served_model(loaded, c)

@@ -13,8 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from samplechain.options import option
 from samplechain.runtime.speculation import Drafter, Speculation, synth_probabilities
 from samplechain.speculative.ngram import make_drafters
+from samplechain.validate import cli_non_negative_int, cli_number
 
 # llama-server's --spec-default: ngram-mod with these sizes (common/arg.cpp)
 SPEC_DEFAULT = {"ngram_mod_n_match": 24, "ngram_mod_n_min": 48, "ngram_mod_n_max": 64}
@@ -30,12 +32,22 @@ class SpeculationConfig:
     (sizes, ``lookup_cache_static`` / ``_dynamic``); ``synth_rates`` / ``synth_len``: synthetic acceptance for
     benchmarks (llama-server's ``--spec-synth-*``: fixed lengths up to ``n_max``)."""
 
-    types: tuple[str, ...] = ()
-    n_max: int = 16
-    n_min: int = 0
-    p_min: float = 0.0
-    adaptive: bool = True
-    verify: str = "compare"
+    types: tuple[str, ...] = option((), "--spec-type", action="append", flag_default=[], convert=tuple,
+                                    metavar="TYPES",
+                                    help="comma-separated drafters: ngram-simple, ngram-map-k, ngram-map-k4v, "
+                                         "ngram-mod, ngram-cache, draft-simple (with -md), none; repeatable")
+    n_max: int = option(16, "--draft-max", "--draft", "--draft-n", "--spec-draft-n-max", type=cli_non_negative_int,
+                        help="longest draft (the length adapts below it)")
+    n_min: int = option(0, "--draft-min", "--draft-n-min", "--spec-draft-n-min", type=cli_non_negative_int,
+                        help="shorter drafts are dropped")
+    p_min: float = option(0.0, "--draft-p-min", "--spec-draft-p-min", type=cli_number,
+                          help="draft model: stop drafting below this top-10 probability")
+    adaptive: bool = option(True, "--spec-adaptive", negative=("--spec-no-adaptive",), action="store_true",
+                            help="the draft length follows the measured verify cost and acceptance (default)",
+                            negative_help="always draft up to --draft-max")
+    verify: str = option("compare", "--spec-verify", choices=("compare", "sample"),
+                         help="compare: llama.cpp's sample-and-compare (same text as without drafting); sample: "
+                              "distribution-preserving speculative sampling (draft model)")
     seed: int | None = None
     ngram: Mapping[str, Any] = field(default_factory=dict)
     synth_rates: tuple[float, ...] | None = None
@@ -60,6 +72,11 @@ class SpeculationConfig:
     def synth(self) -> tuple[float, ...]:
         """The synthetic acceptance rates, one per draft position (empty: off)."""
         return tuple(synth_probabilities(self.synth_rates, self.synth_len, self.n_max) or ())
+
+    def draft_params(self) -> dict[str, Any]:
+        """A draft model's ``DraftModel`` parameters (``speculative/draft_model.py``): it drafts at least one token."""
+        return {"n_max": max(1, self.n_max), "n_min": self.n_min, "p_min": self.p_min,
+                "sample": self.verify == "sample", "seed": self.seed}
 
     def check(self) -> None:
         """ValueError for an unknown type or parameter, a bad length or rate (before anything loads)."""

@@ -3,11 +3,11 @@ and merged by the file's merge ranks, lowest rank first."""
 
 from __future__ import annotations
 
-import heapq
 import re
 from collections.abc import Sequence
 
 from samplechain.tokenizer.pretokenize import PreTokenizer
+from samplechain.tokenizer.symbol_merge import merge_symbols
 
 
 def _byte_alphabet() -> list[str]:
@@ -53,7 +53,7 @@ class BpeEncoder:
         self.ignore_merges = ignore_merges
         self.pre_tokenizer = pre_tokenizer
         self._merges = merges
-        self._ranks: dict[tuple[str, str], int] | None = None
+        self._ranks: dict[str, int] | None = None  # "left\0right" -> the merge's rank
         self._cache: dict[str, list[int]] = {}
 
     def encode(self, text: str) -> list[int]:
@@ -77,34 +77,7 @@ class BpeEncoder:
         syms = list(word)
         if len(syms) > 1:
             ranks = self._ranks if self._ranks is not None else self._load_ranks()
-            n = len(syms)
-            nxt = [*range(1, n), -1]
-            prv = list(range(-1, n - 1))
-            heap = []
-            for i in range(n - 1):
-                r = ranks.get((syms[i], syms[i + 1]))
-                if r is not None:
-                    heap.append((r, i, i + 1, syms[i] + syms[i + 1]))
-            heapq.heapify(heap)
-            while heap:
-                _, left, right, merged = heapq.heappop(heap)
-                a, b = syms[left], syms[right]
-                if not a or not b or a + b != merged:
-                    continue
-                syms[left], syms[right] = merged, ""
-                after = nxt[right]
-                nxt[left] = after
-                if after >= 0:
-                    prv[after] = left
-                before = prv[left]
-                if before >= 0:
-                    r = ranks.get((syms[before], merged))
-                    if r is not None:
-                        heapq.heappush(heap, (r, before, left, syms[before] + merged))
-                if after >= 0:
-                    r = ranks.get((merged, syms[after]))
-                    if r is not None:
-                        heapq.heappush(heap, (r, left, after, merged + syms[after]))
+            merge_symbols(syms, ranks, "\0")  # the lowest merge rank first
         out = []
         for sym in syms:
             if not sym:
@@ -119,11 +92,11 @@ class BpeEncoder:
                     out.append(tid)
         return out
 
-    def _load_ranks(self) -> dict[tuple[str, str], int]:
-        ranks: dict[tuple[str, str], int] = {}
+    def _load_ranks(self) -> dict[str, int]:
+        ranks: dict[str, int] = {}
         for i, merge in enumerate(self._merges if self._merges is not None else ()):
             at = merge.find(" ", 1)
-            pair = (merge[:at], merge[at + 1:]) if at != -1 else ("", "")
+            pair = merge[:at] + "\0" + merge[at + 1:] if at != -1 else "\0"
             ranks.setdefault(pair, i)
         self._ranks = ranks
         return ranks

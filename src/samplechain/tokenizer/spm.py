@@ -3,8 +3,9 @@ a token spelled in byte tokens ``<0xXX>``."""
 
 from __future__ import annotations
 
-import heapq
 import re
+
+from samplechain.tokenizer.symbol_merge import merge_symbols
 
 
 class SpmEncoder:
@@ -16,6 +17,7 @@ class SpmEncoder:
         self.unk = unk
         self._split: re.Pattern[str] | None = None
         self._cache: dict[str, list[int]] = {}
+        self._priority: dict[str, float] | None = None  # a token's text -> minus its score
 
     def encode(self, text: str) -> list[int]:
         """Token ids of a text with no special tokens in it, cut where no merge crosses (each piece's ids
@@ -41,37 +43,11 @@ class SpmEncoder:
         return self._split
 
     def _chunk(self, text: str) -> list[int]:
-        vocab, scores = self.token_to_id, self.scores
+        vocab = self.token_to_id
+        if self._priority is None:  # the highest score first: a pair whose text is a token merges
+            self._priority = {t: -self.scores[i] for t, i in vocab.items()}
         syms = list(text)
-        n = len(syms)
-        nxt = [*range(1, n), -1]
-        prv = list(range(-1, n - 1))
-        heap = []
-        for i in range(n - 1):
-            tid = vocab.get(syms[i] + syms[i + 1])
-            if tid is not None:
-                heap.append((-scores[tid], i, i + 1, 2))
-        heapq.heapify(heap)
-        while heap:
-            _, left, right, size = heapq.heappop(heap)
-            a, b = syms[left], syms[right]
-            if not a or not b or len(a) + len(b) != size:
-                continue
-            merged = syms[left] = a + b
-            syms[right] = ""
-            after = nxt[right]
-            nxt[left] = after
-            if after >= 0:
-                prv[after] = left
-            before = prv[left]
-            if before >= 0:
-                tid = vocab.get(syms[before] + merged)
-                if tid is not None:
-                    heapq.heappush(heap, (-scores[tid], before, left, len(syms[before]) + size))
-            if after >= 0:
-                tid = vocab.get(merged + syms[after])
-                if tid is not None:
-                    heapq.heappush(heap, (-scores[tid], left, after, size + len(syms[after])))
+        nxt = merge_symbols(syms, self._priority)
         out: list[int] = []
         i = 0
         while i != -1:

@@ -8,8 +8,8 @@ import json
 from typing import Any, ClassVar
 
 from samplechain.chat.formats.base import Format, FormatParams, ToolSetup
-from samplechain.chat.formats.scan import expect, partial_suffix
-from samplechain.chat.json_scan import Invalid, held_back, items, members, raw, skip_ws, string_member
+from samplechain.chat.formats.scan import calls_array, expect, partial_suffix, read_calls
+from samplechain.chat.json_scan import Invalid, held_back, members, raw, skip_ws, string_member
 from samplechain.chat.messages import ChatMessage, ToolCall
 from samplechain.chat.tools import tool_names
 from samplechain.grammar.json_schema import GrammarBuilder
@@ -55,43 +55,33 @@ def _command_r7b(setup: ToolSetup) -> FormatParams:
         "tool_call_id": {"type": "string", "pattern": "^[0-9]{1,10}$"},
         "tool_name": {"type": "string", "const": name}, "parameters": params},
         "required": ["tool_call_id", "tool_name", "parameters"]} for name, params in tool_names(setup.request.tools)]
-    schema: dict[str, Any] = {"type": "array", "items": schemas[0] if len(schemas) == 1 else {"anyOf": schemas},
-                              "minItems": 1}
-    if not setup.parallel:
-        schema["maxItems"] = 1
     b = GrammarBuilder()
     lit = b.literal
+    calls = b.add_schema("tool_calls", calls_array(schemas, setup.parallel))
     b.add_rule("root", (f"( {lit(END_THINKING)} space )? " if setup.thinking_open else "")
-               + f"{lit(START_ACTION)} {b.add_schema('tool_calls', schema)} {lit(END_ACTION)}")
+               + f"{lit(START_ACTION)} {calls} {lit(END_ACTION)}")
     think = (r"[\s\S]*?(<\|END_THINKING\|>\s*)" if setup.thinking_open
              else r"(?:<\|START_THINKING\|>[\s\S]*?<\|END_THINKING\|>\s*)?")
     return FormatParams(COMMAND_R7B, True, b.text(), not setup.required,
                         ((TRIGGER_PATTERN_FULL, think + r"(<\|START_ACTION\|>)[\s\S]*"),), PRESERVED)
 
 
-def _action(text: str, start: int, final: bool, msg: ChatMessage) -> int | None:
-    """The array of calls at ``text[start]``: appended to ``msg``; where it ends (None: the text ends inside it)."""
-    start = skip_ws(text, start)
-    if start >= len(text):
-        if final:
-            raise Invalid("expected an array of tool calls")
-        return None
-    calls, end = items(text, start, final)
-    for a, _ in calls:
-        found, obj_end = members(text, a, final)
+def _call(text: str, a: int, final: bool) -> tuple[ToolCall | None, int | None]:
+    """The call written as ``{"tool_call_id", "tool_name", "parameters"}`` at ``text[a]`` (None while its name is
+    incomplete; its id as soon as it is there) and where the object ends."""
+    found, obj_end = members(text, a, final)
+    if obj_end is not None:
+        json.loads(text[a:obj_end])
+    spans = {k: (s, e) for k, s, e in found}
+    name = string_member(text, spans, "tool_name")
+    if name is None:
         if obj_end is not None:
-            json.loads(text[a:obj_end])
-        spans = {k: (s, e) for k, s, e in found}
-        name = string_member(text, spans, "tool_name")
-        if name is None:
-            if obj_end is not None:
-                raise Invalid("a tool call needs a tool_name")
-            break
-        args = raw(text, *spans["parameters"]) if "parameters" in spans else ""
-        if obj_end is not None and "parameters" not in spans:
-            raise Invalid("a tool call needs parameters")
-        msg.tool_calls.append(ToolCall(name, args, string_member(text, spans, "tool_call_id") or ""))
-    return end
+            raise Invalid("a tool call needs a tool_name")
+        return None, obj_end  # the text ends inside the array's last call
+    args = raw(text, *spans["parameters"]) if "parameters" in spans else ""
+    if obj_end is not None and "parameters" not in spans:
+        raise Invalid("a tool call needs parameters")
+    return ToolCall(name, args, string_member(text, spans, "tool_call_id") or ""), obj_end
 
 
 def _parse_r7b(text: str, final: bool) -> ChatMessage:
@@ -99,10 +89,8 @@ def _parse_r7b(text: str, final: bool) -> ChatMessage:
     at = text.find(START_ACTION)
     if at >= 0:
         msg = ChatMessage(text[:at])
-        end = _action(text, at + len(START_ACTION), final, msg)
+        end = read_calls(text, at + len(START_ACTION), final, msg, _call)
         if end is None:
-            if final:
-                raise Invalid("incomplete tool calls")
             return msg
         after = expect(text, end, END_ACTION, final)
         if after is not None:

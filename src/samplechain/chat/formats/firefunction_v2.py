@@ -9,8 +9,8 @@ import json
 from typing import Any, ClassVar
 
 from samplechain.chat.formats.base import Format, FormatParams, ToolSetup
-from samplechain.chat.formats.scan import partial_suffix
-from samplechain.chat.json_scan import Invalid, call_object, items, skip_ws
+from samplechain.chat.formats.scan import calls_array, partial_suffix, read_calls
+from samplechain.chat.json_scan import skip_ws
 from samplechain.chat.messages import ChatMessage
 from samplechain.chat.tools import ToolRequest, tool_names
 from samplechain.grammar.json_schema import GrammarBuilder
@@ -47,12 +47,8 @@ def _firefunction_v2(setup: ToolSetup) -> FormatParams:
     schemas: list[dict[str, Any]] = [{"type": "object", "properties": {
         "name": {"type": "string", "const": name}, "arguments": params}, "required": ["name", "arguments"]}
         for name, params in tool_names(setup.request.tools)]
-    schema: dict[str, Any] = {"type": "array", "items": schemas[0] if len(schemas) == 1 else {"anyOf": schemas},
-                              "minItems": 1}
-    if not setup.parallel:
-        schema["maxItems"] = 1
     b = GrammarBuilder()
-    b.add_rule("root", f'{b.literal(" functools")}? {b.add_schema("tool_calls", schema)}')
+    b.add_rule("root", f'{b.literal(" functools")}? {b.add_schema("tool_calls", calls_array(schemas, setup.parallel))}')
     return FormatParams(FIREFUNCTION_V2, True, b.text(), not setup.required, ((TRIGGER_WORD, PREFIX),), (PREFIX,))
 
 
@@ -62,15 +58,8 @@ def _parse_firefunction(text: str, final: bool) -> ChatMessage:
     if at < 0:
         return ChatMessage(text if final else text[:partial_suffix(text, (PREFIX,))])
     msg = ChatMessage(text[:at])
-    start = at + len(PREFIX) - 1
-    calls, end = items(text, start, final)
-    for a, _ in calls:
-        call, _ = call_object(text, a, final)
-        if call is not None:
-            msg.tool_calls.append(call)
+    end = read_calls(text, at + len(PREFIX) - 1, final, msg)  # from the prefix's "["
     if end is None:
-        if final:
-            raise Invalid("incomplete tool calls")
         return msg
     msg.content += text[skip_ws(text, end):]
     return msg

@@ -8,6 +8,7 @@ import json
 from typing import Any, ClassVar
 
 from samplechain.chat.formats.base import Format, FormatParams, ToolSetup
+from samplechain.chat.formats.scan import any_of
 from samplechain.chat.json_scan import Invalid, call_object, items, members, partial_string, skip_ws
 from samplechain.chat.messages import ChatMessage
 from samplechain.chat.tools import dump2, tool_parameters
@@ -44,7 +45,7 @@ def _generic(tools: Any, required: bool, parallel: bool, json_schema: Any) -> Fo
             schema["properties"]["id"] = {"type": "string", "minLength": 4}
             schema["required"].append("id")
         schemas.append(schema)
-    one = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    one = any_of(schemas)
     call = ({"type": "object", "properties": {"tool_calls": {"type": "array", "items": one, "minItems": 1}},
              "required": ["tool_calls"]} if parallel else
             {"type": "object", "properties": {"tool_call": one}, "required": ["tool_call"]})

@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from samplechain.chat.formats.base import Format, FormatParams, ToolSetup
-from samplechain.chat.json_scan import Invalid, call_object, held_back, items, skip_ws
+from samplechain.chat.formats.scan import calls_array, read_calls
+from samplechain.chat.json_scan import held_back, skip_ws
 from samplechain.chat.messages import ChatMessage, random_id
 from samplechain.chat.tools import tool_names
 from samplechain.grammar.json_schema import GrammarBuilder
@@ -43,12 +44,8 @@ def _mistral_nemo(tools: Sequence[Mapping[str, Any]], required: bool, parallel: 
         "name": {"type": "string", "const": name}, "arguments": params,
         "id": {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}}, "required": ["name", "arguments", "id"]}
         for name, params in tool_names(tools)]
-    schema: dict[str, Any] = {"type": "array", "items": schemas[0] if len(schemas) == 1 else {"anyOf": schemas},
-                              "minItems": 1}
-    if not parallel:
-        schema["maxItems"] = 1
     b = GrammarBuilder()
-    b.add_rule("root", f'{b.literal("[TOOL_CALLS]")} {b.add_schema("tool_calls", schema)}')
+    b.add_rule("root", f'{b.literal("[TOOL_CALLS]")} {b.add_schema("tool_calls", calls_array(schemas, parallel))}')
     return FormatParams(MISTRAL_NEMO, True, b.text(), not required, ((TRIGGER_WORD, "[TOOL_CALLS]"),),
                       ("[TOOL_CALLS]",))
 
@@ -58,18 +55,7 @@ def _parse_nemo(text: str, final: bool) -> ChatMessage:
     if at < 0:
         return ChatMessage(text if final else text[:held_back(text, ("[TOOL_CALLS]",))])
     msg = ChatMessage(text[:at])
-    start = skip_ws(text, at + len("[TOOL_CALLS]"))
-    if start >= len(text):
-        if final:
-            raise Invalid("expected an array of tool calls")
-        return msg
-    calls, end = items(text, start, final)
-    for a, _ in calls:
-        call, _ = call_object(text, a, final)
-        if call is not None:
-            msg.tool_calls.append(call)
-    if end is None and final:
-        raise Invalid("incomplete tool calls")
+    end = read_calls(text, at + len("[TOOL_CALLS]"), final, msg)
     if end is not None:
         msg.content += text[skip_ws(text, end):]
     return msg

@@ -1,12 +1,16 @@
 """Small pieces the agent formats' parsers and grammars share: a literal expected next in a streamed text, a JSON
-argument object as far as it goes, code wrapped as ``{"code": ...}`` arguments (llama.cpp's
-``wrap_code_as_arguments``) and a GBNF rule for text without a closing tag (``make_gbnf_excluding``)."""
+argument object as far as it goes, a JSON array of tool calls (its schema, and its calls as far as they go), code
+wrapped as ``{"code": ...}`` arguments (llama.cpp's ``wrap_code_as_arguments``) and a GBNF rule for text without a
+closing tag (``make_gbnf_excluding``)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
-from samplechain.chat.json_scan import Invalid, raw, skip_ws, value_end
+from samplechain.chat.json_scan import Invalid, call_object, items, raw, skip_ws, value_end
+from samplechain.chat.messages import ChatMessage, ToolCall
 
 
 def expect(text: str, pos: int, literal: str, final: bool, ws: bool = True) -> int | None:
@@ -35,6 +39,40 @@ def json_args(text: str, start: int, final: bool) -> tuple[str, int | None]:
         return raw(text, start, None), None
     json.loads(text[start:end])
     return text[start:end], end
+
+
+def any_of(schemas: list[dict[str, Any]]) -> dict[str, Any]:
+    """A JSON schema that takes any one of ``schemas``: the one schema itself, or their ``anyOf``."""
+    return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+
+
+def calls_array(schemas: list[dict[str, Any]], parallel: bool) -> dict[str, Any]:
+    """The JSON schema of an array of tool calls, each one of ``schemas``: one call at least, and one at most unless
+    ``parallel``."""
+    schema: dict[str, Any] = {"type": "array", "items": any_of(schemas), "minItems": 1}
+    if not parallel:
+        schema["maxItems"] = 1
+    return schema
+
+
+def read_calls(text: str, start: int, final: bool, msg: ChatMessage,
+               read: Callable[[str, int, bool], tuple[ToolCall | None, int | None]] = call_object) -> int | None:
+    """The JSON array of tool calls at ``text[start]`` (whitespace skipped): each call, ``read`` from its object (None
+    while its name is incomplete), appended to ``msg``; where the array ends. None: the text ends before or inside the
+    array, which a final text may not (``Invalid``)."""
+    start = skip_ws(text, start)
+    if start >= len(text):
+        if final:
+            raise Invalid("expected an array of tool calls")
+        return None
+    calls, end = items(text, start, final)
+    for a, _ in calls:
+        call, _ = read(text, a, final)
+        if call is not None:
+            msg.tool_calls.append(call)
+    if end is None and final:
+        raise Invalid("incomplete tool calls")
+    return end
 
 
 def code_arguments(code: str, final: bool) -> str:

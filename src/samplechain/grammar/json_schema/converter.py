@@ -10,18 +10,18 @@ import re
 import warnings
 from typing import Any
 
-from samplechain.grammar.json_schema.integers import _integer_range
-from samplechain.grammar.json_schema.pattern import _PatternTranslator
+from samplechain.grammar.json_schema.integers import integer_range
+from samplechain.grammar.json_schema.pattern import PatternTranslator
 from samplechain.grammar.json_schema.rules import (
     FORMATS,
     PRIMITIVES,
     RESERVED,
     SPACE_RULE,
-    _class_char,
-    _json_text,
-    _literal,
-    _repetition,
-    _Unsupported,
+    UnsupportedPattern,
+    class_char,
+    gbnf_literal,
+    json_text,
+    repetition,
 )
 from samplechain.grammar.parser import GrammarError
 
@@ -94,7 +94,7 @@ class _Converter:
 
     def visit(self, schema: Any, name: str) -> str:
         if not isinstance(schema, dict):
-            raise GrammarError(f"schema must be an object, got {_json_text(schema)[:80]}")
+            raise GrammarError(f"schema must be an object, got {json_text(schema)[:80]}")
         rule_name = name + "-" if name in RESERVED else (name or "root")
         if "$ref" in schema:
             return self.add_rule(rule_name, self.resolve_ref(schema["$ref"]))
@@ -109,12 +109,12 @@ class _Converter:
                 raise GrammarError("type must not be an empty array")
             return self.add_rule(rule_name, self.union(name, [{**schema, "type": t} for t in kind]))
         if "const" in schema:
-            return self.add_rule(rule_name, _literal(_json_text(schema["const"])))
+            return self.add_rule(rule_name, gbnf_literal(json_text(schema["const"])))
         if "enum" in schema:
             values = schema["enum"]
             if not isinstance(values, list) or not values:
                 raise GrammarError("enum must be a non-empty array")
-            return self.add_rule(rule_name, "(" + " | ".join(_literal(_json_text(v)) for v in values) + ")")
+            return self.add_rule(rule_name, "(" + " | ".join(gbnf_literal(json_text(v)) for v in values) + ")")
         if kind is not None and not isinstance(kind, str):
             raise GrammarError("type must be a string or an array of strings")
         has_properties = "properties" in schema or (
@@ -169,7 +169,7 @@ class _Converter:
             return self.add_rule(rule_name, self.add_primitive(f"{fmt}-string", FORMATS[f"{fmt}-string"]))
         if lo > 0 or hi is not None:
             char = self.add_primitive("char", PRIMITIVES["char"])
-            return self.add_rule(rule_name, f'"\\"" {_repetition(char, lo, hi)} "\\""')
+            return self.add_rule(rule_name, f'"\\"" {repetition(char, lo, hi)} "\\""')
         return self.primitive(rule_name, "string")
 
     def integer(self, schema: dict, rule_name: str) -> str:
@@ -202,7 +202,7 @@ class _Converter:
                 raise GrammarError(f"integer bound {v} has more than {MAX_INT_DIGITS} digits (not supported)")
         if lo is not None and hi is not None and lo > hi:
             raise GrammarError(f"integer range is empty: minimum {lo} > maximum {hi}")
-        return self.add_rule(rule_name, f"({_integer_range(lo, hi)})")
+        return self.add_rule(rule_name, f"({integer_range(lo, hi)})")
 
     def array(self, schema: dict, name: str, rule_name: str) -> str:
         items = schema["items"] if "items" in schema else schema.get("prefixItems")
@@ -217,7 +217,7 @@ class _Converter:
             item = self.add_primitive("value", PRIMITIVES["value"])
         else:
             item = self.visit(items, f"{name}{'-' if name else ''}item")
-        return self.add_rule(rule_name, '"[" space ' + _repetition(item, lo, hi, '"," space') + ' space "]"')
+        return self.add_rule(rule_name, '"[" space ' + repetition(item, lo, hi, '"," space') + ' space "]"')
 
     def object(self, schema: dict, name: str, rule_name: str) -> str:
         props = schema.get("properties", {})
@@ -244,7 +244,7 @@ class _Converter:
         opt: list[str] = []
         for key, sub in props:
             value = self.visit(sub, prefix + key)
-            kv[key] = self.add_rule(f"{prefix}{key}-kv", f"{_literal(_json_text(key))} space \":\" space {value}")
+            kv[key] = self.add_rule(f"{prefix}{key}-kv", f"{gbnf_literal(json_text(key))} space \":\" space {value}")
             (req if key in required else opt).append(key)
         if extra is True or isinstance(extra, dict):
             sub_name = f"{prefix}additional"
@@ -294,7 +294,7 @@ class _Converter:
             for i, c in enumerate(children):
                 if i:
                     out.append(" | ")
-                out.append(f"[{_class_char(c)}]")
+                out.append(f"[{class_char(c)}]")
                 child = node[c]
                 if any(k is not None for k in child):
                     out.append(" (")
@@ -303,7 +303,7 @@ class _Converter:
                 elif child.get(None):
                     out.append(f" {char}+")
             if children:
-                out.append(' | [^"' + "".join(_class_char(c) for c in children) + f"] {char}*")
+                out.append(' | [^"' + "".join(class_char(c) for c in children) + f"] {char}*")
 
         walk(trie)
         out.append(" )")
@@ -332,7 +332,7 @@ class _Converter:
                         required.add(key)
             elif "enum" in comp:
                 for v in comp["enum"]:
-                    lit = _literal(_json_text(v))
+                    lit = gbnf_literal(json_text(v))
                     enums[lit] = enums.get(lit, 0) + 1
 
         for comp in comps:
@@ -362,10 +362,10 @@ class _Converter:
         saved = dict(self.rules)
         try:
             if not (pattern.startswith("^") and pattern.endswith("$")) or len(pattern) < 2:
-                raise _Unsupported("the pattern must start with '^' and end with '$'")
-            body = _PatternTranslator(self, pattern[1:-1], rule_name).translate()
+                raise UnsupportedPattern("the pattern must start with '^' and end with '$'")
+            body = PatternTranslator(self, pattern[1:-1], rule_name).translate()
             return self.add_rule(rule_name, f'"\\"" ({body}) "\\""')
-        except _Unsupported as e:
+        except UnsupportedPattern as e:
             self.rules = saved
             warnings.warn(f"JSON schema pattern {pattern!r} not supported ({e}); accepting any string",
                           stacklevel=4)
@@ -442,7 +442,7 @@ class GrammarBuilder:
     @staticmethod
     def literal(text: str) -> str:
         """``text`` as a GBNF string literal."""
-        return _literal(text)
+        return gbnf_literal(text)
 
     def text(self) -> str:
         """The grammar: every rule, as ``json_schema_to_gbnf`` prints them."""

@@ -150,7 +150,9 @@ class _IntRange:
             out.append(")")
 
 
-def _integer_range(lo: int | None, hi: int | None) -> str:
+def integer_range(lo: int | None, hi: int | None) -> str:
+    """A GBNF expression for the canonical decimal integers in ``[lo, hi]`` (llama.cpp's ``build_min_max_int``);
+    either bound may be None (open), not both."""
     r = _IntRange()
     if lo is not None and hi is not None:
         r.both(lo, hi)

@@ -1,11 +1,11 @@
 """``pattern`` regular expressions -> GBNF (llama.cpp's ``_visit_pattern``); what it cannot express raises
-``_Unsupported``, which the converter turns into a warning and a plain string (as llama.cpp)."""
+``UnsupportedPattern``, which the converter turns into a warning and a plain string (as llama.cpp)."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from samplechain.grammar.json_schema.rules import _repetition, _Unsupported
+from samplechain.grammar.json_schema.rules import UnsupportedPattern, repetition
 from samplechain.grammar.parser import GrammarError
 
 DOT = "[^\\x0A\\x0D]"
@@ -24,7 +24,7 @@ class _Rules(Protocol):
     def add_rule(self, name: str, body: str) -> str: ...
 
 
-class _PatternTranslator:
+class PatternTranslator:
     """A regular expression (between its anchors) -> a GBNF expression."""
 
     def __init__(self, conv: _Rules, pattern: str, rule_name: str) -> None:
@@ -45,7 +45,7 @@ class _PatternTranslator:
 
     def sequence(self, depth: int) -> tuple[str, bool]:
         if depth > MAX_PATTERN_NESTING:
-            raise _Unsupported(f"groups nested deeper than {MAX_PATTERN_NESTING}")
+            raise UnsupportedPattern(f"groups nested deeper than {MAX_PATTERN_NESTING}")
         p, n = self.p, len(self.p)
         seq: list[tuple[str, bool]] = []
         while self.i < n:
@@ -57,7 +57,7 @@ class _PatternTranslator:
                 self.i += 1
                 if p.startswith("?", self.i):
                     if not p.startswith("?:", self.i):
-                        raise _Unsupported("lookaround, named groups and flags")
+                        raise UnsupportedPattern("lookaround, named groups and flags")
                     self.i += 2
                 inner = self.sequence(depth + 1)
                 if self.i >= n or p[self.i] != ")":
@@ -81,9 +81,9 @@ class _PatternTranslator:
                 self.need_operand(seq, c)
                 seq[-1] = (self.braces(seq[-1]), False)
             elif c in "]}":
-                raise _Unsupported(f"stray '{c}'")
+                raise UnsupportedPattern(f"stray '{c}'")
             elif c in "^$":
-                raise _Unsupported(f"'{c}' inside the pattern")
+                raise UnsupportedPattern(f"'{c}' inside the pattern")
             else:
                 seq.append((self.literal(), True))
         return _join(seq)
@@ -99,7 +99,7 @@ class _PatternTranslator:
         width = {"x": 2, "u": 4, "U": 8}[e]
         digits = self.p[self.i + 2 : self.i + 2 + width]
         if len(digits) < width or any(d not in "0123456789abcdefABCDEF" for d in digits):
-            raise _Unsupported(f"escape \\{e} without {width} hex digits")
+            raise UnsupportedPattern(f"escape \\{e} without {width} hex digits")
         self.i += 2 + width
         return "\\" + e + digits
 
@@ -116,7 +116,7 @@ class _PatternTranslator:
                     out += self.hex_escape()
                     continue
                 if e not in _GBNF_ESCAPES:
-                    raise _Unsupported(f"escape \\{e} inside a character class")
+                    raise UnsupportedPattern(f"escape \\{e} inside a character class")
                 out += p[self.i : self.i + 2]
                 self.i += 2
             else:
@@ -131,12 +131,12 @@ class _PatternTranslator:
         p = self.p
         end = p.find("}", self.i)
         if end < 0:
-            raise _Unsupported("unterminated '{'")
+            raise UnsupportedPattern("unterminated '{'")
         nums = [s.strip() for s in p[self.i + 1 : end].split(",")]
         self.i = end + 1
         if len(nums) > 2 or not all(s.isdigit() or (s == "" and k > 0) or (s == "" and len(nums) == 2)
                                     for k, s in enumerate(nums)):
-            raise _Unsupported(f"quantifier {{{','.join(nums)}}}")
+            raise UnsupportedPattern(f"quantifier {{{','.join(nums)}}}")
         if len(nums) == 1:
             lo = hi = int(nums[0])
         else:
@@ -151,7 +151,7 @@ class _PatternTranslator:
                 rule = self.conv.add_rule(f"{self.name}-{len(self.sub_rules) + 1}", sub)
                 self.sub_rules[sub] = rule
             sub = rule
-        return _repetition(f'"{sub}"' if is_lit else sub, lo, hi)
+        return repetition(f'"{sub}"' if is_lit else sub, lo, hi)
 
     def literal(self) -> str:
         p, n = self.p, len(self.p)
@@ -171,7 +171,7 @@ class _PatternTranslator:
                 elif e in "xuU":
                     out += self.hex_escape()
                 else:
-                    raise _Unsupported(f"escape \\{e}")
+                    raise UnsupportedPattern(f"escape \\{e}")
             elif c == '"':
                 out += '\\"'
                 self.i += 1
@@ -183,7 +183,7 @@ class _PatternTranslator:
             else:
                 break
         if not out:
-            raise _Unsupported(f"'{p[self.i]}'")
+            raise UnsupportedPattern(f"'{p[self.i]}'")
         return out
 
 

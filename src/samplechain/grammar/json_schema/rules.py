@@ -37,17 +37,17 @@ FORMATS: dict[str, tuple[str, tuple[str, ...]]] = {
 RESERVED = {"root", *PRIMITIVES, *FORMATS}
 
 
-class _Unsupported(Exception):
+class UnsupportedPattern(Exception):
     """A regex feature the translation cannot express (llama.cpp: warn and fall back to a plain string)."""
 
 
-def _literal(text: str) -> str:
+def gbnf_literal(text: str) -> str:
     """A GBNF literal (llama.cpp escapes only CR, LF, quote and backslash)."""
     out = text.replace("\\", "\\\\").replace('"', '\\"').replace("\r", "\\r").replace("\n", "\\n")
     return f'"{out}"'
 
 
-def _class_char(c: str) -> str:
+def class_char(c: str) -> str:
     """One code point inside ``[...]``."""
     if c.isascii() and (c.isalnum() or c in " !#$%&'()*+,./:;<=>?@_`{|}~"):
         return c
@@ -55,11 +55,12 @@ def _class_char(c: str) -> str:
     return f"\\x{cp:02X}" if cp < 0x80 else (f"\\u{cp:04X}" if cp < 0x10000 else f"\\U{cp:08X}")
 
 
-def _json_text(value: Any) -> str:
+def json_text(value: Any) -> str:
+    """``value`` as compact JSON text (no spaces, non-ASCII kept), as llama.cpp dumps consts, enums and keys."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _repetition(item: str, lo: int, hi: int | None, separator: str = "") -> str:
+def repetition(item: str, lo: int, hi: int | None, separator: str = "") -> str:
     """llama.cpp's build_repetition; ``hi`` None: unbounded."""
     if hi == 0:
         return ""
@@ -71,6 +72,6 @@ def _repetition(item: str, lo: int, hi: int | None, separator: str = "") -> str:
         if lo == 0 and hi is None:
             return f"{item}*"
         return f"{item}{{{lo},{'' if hi is None else hi}}}"
-    rest = _repetition(f"({separator} {item})", max(lo - 1, 0), None if hi is None else hi - 1)
+    rest = repetition(f"({separator} {item})", max(lo - 1, 0), None if hi is None else hi - 1)
     result = f"{item} {rest}"
     return f"({result})?" if lo == 0 else result

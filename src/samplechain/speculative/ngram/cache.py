@@ -9,7 +9,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from samplechain.speculative.ngram.common import _M64, _check_int
+from samplechain.speculative.ngram.common import MASK64
+from samplechain.validate import check_int_range
 
 _NGRAM_MIN = 1
 _NGRAM_MAX = 4
@@ -117,7 +118,7 @@ class NgramCacheTable:
         order = self._orders.get(key)
         if order is None:
             tokens = list(part)
-            order = [tokens[i] for i in _stl_order([t & _M64 for t in tokens])]  # std::hash<int>: the value
+            order = [tokens[i] for i in _stl_order([t & MASK64 for t in tokens])]  # std::hash<int>: the value
             self._orders[key] = order
         return order
 
@@ -152,8 +153,8 @@ class NgramCacheTable:
                n_new: int | None = None) -> None:
         """``common_ngram_cache_update``: for each size n in ngram_min..ngram_max and each of the last ``n_new``
         positions i >= n, count ``tokens[i]`` after ``tokens[i-n:i]``."""
-        _check_int("ngram_min", ngram_min, 1, _NGRAM_MAX)
-        _check_int("ngram_max", ngram_max, ngram_min, _NGRAM_MAX)
+        check_int_range("ngram_min", ngram_min, 1, _NGRAM_MAX)
+        check_int_range("ngram_max", ngram_max, ngram_min, _NGRAM_MAX)
         toks = _int32_tokens(tokens)
         length = len(toks)
         n_new = length if n_new is None else n_new
@@ -206,7 +207,7 @@ class NgramCacheTable:
     def from_tokens(cls, token_lists: Iterable[Sequence[int]], ngram_size: int = _NGRAM_STATIC) -> NgramCacheTable:
         """A static cache as ``llama-lookup-create`` builds it: the ``ngram_size``-grams (2 by default) of each
         token list, counted into one table."""
-        _check_int("ngram_size", ngram_size, 1, _NGRAM_MAX)
+        check_int_range("ngram_size", ngram_size, 1, _NGRAM_MAX)
         table = cls()
         for tokens in token_lists:
             table.update(tokens, ngram_size, ngram_size)

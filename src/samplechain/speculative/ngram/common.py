@@ -7,28 +7,18 @@ from collections.abc import Sequence
 
 import numpy as np
 
-_M32 = 0xFFFFFFFF
-_M64 = 0xFFFFFFFFFFFFFFFF
+MASK32 = 0xFFFFFFFF  # uint32_t wrap-around of llama.cpp's hash arithmetic
+MASK64 = 0xFFFFFFFFFFFFFFFF  # uint64_t wrap-around
 
 
-def _check_int(name: str, value: object, lo: int, hi: int, flag: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    v = int(value)
-    if not lo <= v <= hi:
-        where = f" (llama.cpp's {flag} range)" if flag else ""
-        raise ValueError(f"{name} must be in {lo}..{hi}{where}, got {v}")
-    return v
-
-
-def _as_array(tokens: Sequence[int]) -> np.ndarray:
+def token_array(tokens: Sequence[int]) -> np.ndarray:
     """The tokens as int64 (no copy for an int64 array)."""
     if isinstance(tokens, np.ndarray):
         return tokens.astype(np.int64, copy=False)
     return np.fromiter(tokens, dtype=np.int64, count=len(tokens))
 
 
-def _matches(h: np.ndarray, key: np.ndarray, lo: int, hi: int) -> np.ndarray:
+def match_positions(h: np.ndarray, key: np.ndarray, lo: int, hi: int) -> np.ndarray:
     """Ascending positions j in [lo, hi] with ``h[j : j + len(key)] == key`` (callers keep hi + len(key) <= len(h))."""
     if hi < lo:
         return np.zeros(0, dtype=np.int64)

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 
 from samplechain.runtime.speculation import Drafter
 from samplechain.speculative.ngram.cache import NgramCache, NgramCacheTable
-from samplechain.speculative.ngram.common import _check_int
 from samplechain.speculative.ngram.map_k import NgramMapK
 from samplechain.speculative.ngram.mod import NgramMod, NgramModTable
 from samplechain.speculative.ngram.simple import NgramSimple
+from samplechain.validate import check_int_range
 
 # every --spec-type name; the implementations in llama.cpp's priority order (first = tried first)
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
@@ -81,7 +81,7 @@ def make_drafters(types: Sequence[str] | str, **params: object) -> list[Drafter]
     for key, (default, lo, hi, flag) in NGRAM_PARAMS.items():
         value = params.get(key, default)
         if lo is not None and hi is not None:
-            value = _check_int(key, value, lo, hi, flag)
+            value = check_int_range(key, value, lo, hi, flag)
         p[key] = value
     table = p["ngram_mod_table"]
     if table is not None:

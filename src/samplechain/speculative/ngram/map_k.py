@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from samplechain.speculative.ngram.common import _M32, _as_array, _check_int, _matches
+from samplechain.speculative.ngram.common import MASK32, match_positions, token_array
+from samplechain.validate import check_int_range
 
 _MAP_HASH_SIZE = 1 << 18  # COMMON_NGRAM_HASH_MAP_SIZE
 _MAP_LCG = 2654435761  # near (sqrt(5) - 1) / 2 * 2^32
@@ -52,9 +53,9 @@ class NgramMapK:
 
     def __init__(self, size_n: int = 12, size_m: int = 48, min_hits: int = 1, values: bool = False) -> None:
         kind = "k4v" if values else "k"
-        self.size_n = _check_int("size_n", size_n, 1, 1024, f"--spec-ngram-map-{kind}-size-n")
-        self.size_m = _check_int("size_m", size_m, 1, 1024, f"--spec-ngram-map-{kind}-size-m")
-        self.min_hits = _check_int("min_hits", min_hits, 1, 65535, f"--spec-ngram-map-{kind}-min-hits")  # uint16
+        self.size_n = check_int_range("size_n", size_n, 1, 1024, f"--spec-ngram-map-{kind}-size-n")
+        self.size_m = check_int_range("size_m", size_m, 1, 1024, f"--spec-ngram-map-{kind}-size-m")
+        self.min_hits = check_int_range("min_hits", min_hits, 1, 65535, f"--spec-ngram-map-{kind}-min-hits")  # uint16
         self.values = bool(values)
         self.name = "ngram-map-k4v" if values else "ngram-map-k"
         self.n_max = self.size_m
@@ -111,7 +112,7 @@ class NgramMapK:
                 "call begin() with the new prompt after the history shrinks"
             )
         self._idx_last_check = length
-        h = _as_array(history)
+        h = token_array(history)
         key = np.empty(n, dtype=np.int64)
         key[: n - 1] = h[length - n + 1 :]
         key[n - 1] = id_last
@@ -120,7 +121,7 @@ class NgramMapK:
         match_pos = 0
         slot = 0
         for t in key.tolist():
-            slot = (slot * _MAP_LCG + t) & _M32
+            slot = (slot * _MAP_LCG + t) & MASK32
         stored = int(self._key_map[slot % _MAP_HASH_SIZE])
         if stored != 0 and stored < top and np.array_equal(h[stored : stored + n], key):
             match_pos = stored
@@ -132,7 +133,7 @@ class NgramMapK:
         ranges.append((max(self._size_last_begin, self._key_map_last_idx) + 1, top))
         if match_pos == 0:
             for lo, hi in ranges:
-                found = _matches(h, key, lo, hi)
+                found = match_positions(h, key, lo, hi)
                 if found.size:
                     match_pos = int(found[-1])
                     break
@@ -177,7 +178,7 @@ class NgramMapK:
         if entry.key_num < self.min_hits:
             return []
         # value statistics: every occurrence of the key in [stat_idx, match_pos] (stat_idx inclusive: quirk)
-        for i in _matches(h, key, entry.stat_idx, match_pos).tolist():
+        for i in match_positions(h, key, entry.stat_idx, match_pos).tolist():
             begin_value = i + n
             mgram = h[begin_value : begin_value + m].tobytes()
             slot_value = -1

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from samplechain.speculative.ngram.common import _M64, _as_array, _check_int
+from samplechain.speculative.ngram.common import MASK64, token_array
+from samplechain.validate import check_int_range
 
 _MOD_MULT = 6364136223846793005
 _MOD_EMPTY = -1
@@ -19,8 +20,8 @@ class NgramModTable:
     """
 
     def __init__(self, n: int = 24, size: int = 4 * 1024 * 1024) -> None:
-        self.n = _check_int("n", n, 1, 1024, "--spec-ngram-mod-n-match")
-        self.size = _check_int("size", size, 1, 1 << 40)
+        self.n = check_int_range("n", n, 1, 1024, "--spec-ngram-mod-n-match")
+        self.size = check_int_range("size", size, 1, 1 << 40)
         self.entries = np.full(self.size, _MOD_EMPTY, dtype=np.int32)
         self.used = 0  # non-empty entries
         self._pow = pow(_MOD_MULT, self.n - 1, 1 << 64)  # weight of the oldest token, for the rolling lookup
@@ -40,7 +41,7 @@ class NgramModTable:
         n = self.n
         if stop <= start:
             return
-        t = _as_array(tokens[start : stop + n]).astype(np.uint64)
+        t = token_array(tokens[start : stop + n]).astype(np.uint64)
         w = stop - start
         acc = np.zeros(w, dtype=np.uint64)
         mult = np.uint64(_MOD_MULT)
@@ -56,7 +57,7 @@ class NgramModTable:
     def _hash(self, window: Sequence[int]) -> int:
         acc = 0
         for tok in window:
-            acc = (acc * _MOD_MULT + tok) & _M64
+            acc = (acc * _MOD_MULT + tok) & MASK64
         return acc
 
     def get(self, ngram: Sequence[int]) -> int:
@@ -74,9 +75,9 @@ class NgramMod:
     name = "ngram-mod"
 
     def __init__(self, n_match: int = 24, n_min: int = 48, n_max: int = 64, table: NgramModTable | None = None) -> None:
-        self.n_match = _check_int("n_match", n_match, 1, 1024, "--spec-ngram-mod-n-match")
-        self.n_min = _check_int("n_min", n_min, 0, 1024, "--spec-ngram-mod-n-min")
-        self.n_max = _check_int("n_max", n_max, 0, 1024, "--spec-ngram-mod-n-max")
+        self.n_match = check_int_range("n_match", n_match, 1, 1024, "--spec-ngram-mod-n-match")
+        self.n_min = check_int_range("n_min", n_min, 0, 1024, "--spec-ngram-mod-n-min")
+        self.n_max = check_int_range("n_max", n_max, 0, 1024, "--spec-ngram-mod-n-max")
         if table is None:
             table = NgramModTable(self.n_match)
         elif table.n != self.n_match:
@@ -120,7 +121,7 @@ class NgramMod:
                 break
             result.append(tok)
             window.append(tok)
-            acc = (((acc - (window[i] & _M64) * pw) * _MOD_MULT) + (tok & _M64)) & _M64
+            acc = (((acc - (window[i] & MASK64) * pw) * _MOD_MULT) + (tok & MASK64)) & MASK64
         self._n_draft_last = len(result)
         return result
 

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from samplechain.speculative.ngram.common import _as_array, _check_int, _matches
+from samplechain.speculative.ngram.common import match_positions, token_array
+from samplechain.validate import check_int_range
 
 
 class NgramSimple:
@@ -17,8 +18,8 @@ class NgramSimple:
     name = "ngram-simple"
 
     def __init__(self, size_n: int = 12, size_m: int = 48) -> None:
-        self.size_n = _check_int("size_n", size_n, 1, 1024, "--spec-ngram-simple-size-n")
-        self.size_m = _check_int("size_m", size_m, 1, 1024, "--spec-ngram-simple-size-m")
+        self.size_n = check_int_range("size_n", size_n, 1, 1024, "--spec-ngram-simple-size-n")
+        self.size_m = check_int_range("size_m", size_m, 1, 1024, "--spec-ngram-simple-size-m")
         self.n_max = self.size_m
 
     def begin(self, prompt: Sequence[int]) -> None:
@@ -29,11 +30,11 @@ class NgramSimple:
         length = len(history)
         if length <= n + m + 1:
             return []
-        h = _as_array(history)
+        h = token_array(history)
         key = np.empty(n, dtype=np.int64)
         key[: n - 1] = h[length - n + 1 :]
         key[n - 1] = id_last
-        found = _matches(h, key, 1, length - n - 1)  # start positions L-N-1 down to 1
+        found = match_positions(h, key, 1, length - n - 1)  # start positions L-N-1 down to 1
         if not found.size:
             return []
         j = int(found[-1])
