@@ -27,6 +27,9 @@
    acc = fma(m, xd*sum(q_x), acc).
    The _Q8 variants (opt-in) quantize activations to 8 bits instead (d = amax/127, llama.cpp's q8_0): their own family
    of identical bits (generic and AVX2), with the same block structure and float steps.
+   One token per call (decode) on x86, 4/5/6-bit weights: the token's int16 activations are split once per linear into
+   bytes, q = 256 * hi + lo, and multiplied by the stored weight bytes as they are (vpdpbusd on AVX-512 VNNI, vpmaddubsw
+   on AVX2; tile1_avx512vnni / tile1_avx2): the same exact block sums, then the same float steps.
    Several tokens per call (prompt chunks, verify batches, server steps): the AVX2 kernels unpack a chunk of 8 blocks
    of a tile once and run every token of the call over it; each token's sums and float steps are those of the token
    alone, so the bits do not depend on the batch.
@@ -327,6 +330,10 @@ typedef struct {
     int n_in;
     int8_t *amx;  /* AMX: q = 256 * hi + lo as tiles: per 16 tokens and block, per token 32 hi then 32 lo bytes */
     float *ms;    /* AMX: per token and block d * sum(q), the minima's factor (the same product as the others') */
+    /* one token (decode) on x86: q = 256 * hi + lo as bytes, per block its 32 hi (signed) then its 32 lo (unsigned)
+       bytes, and the sums of q over each 16-input half (hs[2b + h]); NULL where the call has several tokens */
+    int8_t *xb;
+    int32_t *hs;
 } q16_rows;
 
 #if defined(__x86_64__)
@@ -387,6 +394,31 @@ static void quantize_row_avx2(const float *x, int n, void *q, float *d, int32_t 
         else
             s[b] = half_sum[0] + half_sum[1];
         d[b] = db;
+    }
+}
+
+/* One token's int16 row as bytes for the one-token kernels: q = 256 * hi + lo exactly, hi = q >> 8 (in [-128, 127]) and
+   lo = q & 255 (in [0, 255]); per block its 32 hi bytes then its 32 lo bytes (xb), and the sums of q over each 16-input
+   half (hs[2b + h]: exact in int32). */
+__attribute__((target("avx2")))
+static void split_bytes_avx2(const int16_t *q, int n, int8_t *xb, int32_t *hs) {
+    const __m256i low = _mm256_set1_epi16(255), ones = _mm256_set1_epi16(1);
+    for (int b = 0; b < n / QK; b++) {
+        __m256i v0 = _mm256_loadu_si256((const __m256i *)(q + b * QK));
+        __m256i v1 = _mm256_loadu_si256((const __m256i *)(q + b * QK + 16));
+        /* packs / packus interleave the 128-bit lanes (v0's 8, v1's 8, v0's next 8, v1's next 8): 0xD8 restores */
+        __m256i hi = _mm256_packs_epi16(_mm256_srai_epi16(v0, 8), _mm256_srai_epi16(v1, 8));
+        __m256i lo = _mm256_packus_epi16(_mm256_and_si256(v0, low), _mm256_and_si256(v1, low));
+        _mm256_storeu_si256((__m256i *)(xb + 64 * b), _mm256_permute4x64_epi64(hi, 0xD8));
+        _mm256_storeu_si256((__m256i *)(xb + 64 * b + 32), _mm256_permute4x64_epi64(lo, 0xD8));
+        int32_t ss[2][8];
+        _mm256_storeu_si256((__m256i *)ss[0], _mm256_madd_epi16(v0, ones));
+        _mm256_storeu_si256((__m256i *)ss[1], _mm256_madd_epi16(v1, ones));
+        for (int h = 0; h < 2; h++) {
+            int32_t total = 0;
+            for (int i = 0; i < 8; i++) total += ss[h][i];
+            hs[2 * b + h] = total;
+        }
     }
 }
 #endif
@@ -1129,6 +1161,212 @@ static void tile_avx512vnni(const sc_linear *L, int t, const int16_t *xq, const 
     tiles_avx512vnni(L, t, &xq, &xd, &xs, 1, &out);
 }
 
+/* One token (decode) on 4/5/6-bit weights, bytes times bytes. The token's int16 activations are split once per linear
+   into q = 256 * hi + lo (split_bytes_avx2: hi = q >> 8 signed, lo = q & 255 unsigned); the weights stay the stored
+   unsigned values u (0..63, the offset not removed), one byte per weight, 16 rows x 4 inputs per 64 bytes with lane r
+   (4 bytes) row r: the packed layout's own order (vector k's low nibbles are inputs 8k..8k+3, its high nibbles inputs
+   8k+4..8k+7). Byte products, 4 to an int32 lane, give sum(u * hi) (u unsigned, hi signed) and sum(lo * u) (lo
+   unsigned, u < 128 as signed), and a block's (W6: a 16-input half's) sum is
+       sum((u - zero) * q) = 256 * sum(u * hi) + sum(lo * u) - zero * sum(q),
+   exact in int32 (|256 * sum(u * hi)| <= 256 * 32 * 63 * 128 < 2^26): the very integers of the int16 kernels, followed
+   by their float steps in their order, so the same bits. Against widening the weights to int16 (tiles_avx512vnni_kind,
+   tile_avx2_kind) this saves the widening, the offset and the lane shuffles, and unpacks whole vectors: the 6-bit
+   values cost about what the 4-bit ones did. */
+
+/* sel(a, b): bits 0-3 of each byte from a, bits 4-7 from b */
+#define SEL512(a, b) _mm512_ternarylogic_epi32((a), (b), _mm512_set1_epi8(15), 0xE4)
+
+/* a 4/5/6-bit block's 16 rows x 32 inputs as u bytes: u[s] inputs 4s..4s+3, lane r row r */
+__attribute__((target("avx512f,avx512bw"), always_inline))
+static inline void unpack_block_avx512(const uint8_t *p, const int kind, __m512i u[8]) {
+    const __m512i nib = _mm512_set1_epi8(15);
+    if (kind == SC_W6) {
+        /* vector P's byte holds the high 2 bits of (h, e) = (0, 0), (0, 1), (1, 0), (1, 1) (k = 2P + h, inputs
+           8k + 4e..) at bits 0-1, 2-3, 4-5, 6-7; m keeps bits 0-1 and 4-5, n bits 2-3 and 6-7, so that each shift below
+           brings one pair to bits 4-5 with zeros above it (bits 0-3, taken from the nibbles, may hold anything) */
+        for (int P = 0; P < 2; P++) {
+            __m512i hb = _mm512_loadu_si512(p + 256 + 64 * P);
+            __m512i m = _mm512_and_si512(hb, _mm512_set1_epi8(0x33));
+            __m512i n = _mm512_and_si512(hb, _mm512_set1_epi8((char)0xCC));
+            __m512i v0 = _mm512_loadu_si512(p + 128 * P), v1 = _mm512_loadu_si512(p + 128 * P + 64);
+            u[4 * P] = SEL512(v0, _mm512_slli_epi16(m, 4));
+            u[4 * P + 1] = SEL512(_mm512_srli_epi16(v0, 4), _mm512_slli_epi16(n, 2));
+            u[4 * P + 2] = SEL512(v1, m);
+            u[4 * P + 3] = SEL512(_mm512_srli_epi16(v1, 4), _mm512_srli_epi16(n, 2));
+        }
+        return;
+    }
+    __m512i hb = kind == SC_W5 ? _mm512_loadu_si512(p + 256) : _mm512_setzero_si512();
+    for (int k = 0; k < 4; k++) {
+        __m512i v = _mm512_loadu_si512(p + 64 * k);
+        if (kind == SC_W5) {  /* bit 4 of inputs 8k + 4e.. at bit j = 2k + e of hb's byte */
+            for (int e = 0; e < 2; e++) {
+                int j = 2 * k + e;
+                __m512i bit = _mm512_and_si512(hb, _mm512_set1_epi8((char)(1 << j)));
+                bit = j < 4 ? _mm512_slli_epi16(bit, 4 - j) : j > 4 ? _mm512_srli_epi16(bit, j - 4) : bit;
+                u[2 * k + e] = SEL512(e ? _mm512_srli_epi16(v, 4) : v, bit);
+            }
+        } else {
+            u[2 * k] = _mm512_and_si512(v, nib);
+            u[2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+        }
+    }
+}
+
+/* A decode step streams every weight once, from memory rather than cache: the weights PREFETCH_AHEAD bytes on are
+   asked into L2 one block's worth at a time (a thread's tiles are contiguous). Against the hardware prefetchers alone,
+   the 128256 x 2048 output matrix (217 MB, Q6_K) read 20 GB/s on 2 threads and 10 on one; with this, 32 and 14 on a
+   2-vCPU Xeon (3 to 24 KiB ahead gave within 10% of each other; into L1 a little less). Prefetches do not fault past
+   the end of the weights. */
+#define PREFETCH_AHEAD 8192
+static inline void prefetch_ahead(const uint8_t *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + PREFETCH_AHEAD + o, 0, 2);  /* prefetcht1 */
+}
+
+static inline int32_t ld32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma"), always_inline))
+static inline void tile1_avx512vnni_kind(const sc_linear *L, int t, const q16_rows *xq, float *out, const int kind) {
+    const int nb = L->n_in / QK, zero = L->zero;
+    const size_t bb = block_bytes(kind);
+    const float *xd = xq->d;
+    const int32_t *xs = xq->s, *hs = xq->hs;
+    __m512 acc = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        size_t blk = (size_t)t * nb + b;
+        __m512i u[8];
+        prefetch_ahead(L->q + blk * bb, bb);
+        unpack_block_avx512(L->q + blk * bb, kind, u);
+        const int8_t *xh = xq->xb + 64 * b, *xl = xh + 32;
+        /* sh / sl: sum(u * hi) / sum(lo * u); [16-input half] for W6, else [step parity] (shorter chains) */
+        __m512i sh[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()}, sl[2] = {sh[0], sh[0]};
+        for (int s = 0; s < 8; s++) {
+            int a = kind == SC_W6 ? s >> 2 : s & 1;
+            sh[a] = _mm512_dpbusd_epi32(sh[a], u[s], _mm512_set1_epi32(ld32(xh + 4 * s)));
+            sl[a] = _mm512_dpbusd_epi32(sl[a], _mm512_set1_epi32(ld32(xl + 4 * s)), u[s]);
+        }
+        __m512 dv[2], mv = _mm512_setzero_ps();
+        scales_avx512(L, t, b, dv, &mv);
+        __m512 dx = _mm512_set1_ps(xd[b]);
+        if (kind == SC_W6) {
+            for (int h = 0; h < 2; h++) {
+                __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(sh[h], 8), sl[h]);
+                sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(zero * hs[2 * b + h]));
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dv[h], dx), acc);
+            }
+        } else {
+            __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(sh[0], sh[1]), 8),
+                                           _mm512_add_epi32(sl[0], sl[1]));
+            if (zero) sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(zero * xs[b]));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dv[0], dx), acc);
+        }
+        if (L->m) acc = _mm512_fmadd_ps(mv, _mm512_set1_ps(xd[b] * (float)xs[b]), acc);
+    }
+    _mm512_storeu_ps(out, acc);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
+static void tile1_avx512vnni(const sc_linear *L, int t, const q16_rows *xq, float *out) {
+    switch (L->kind) {
+    case SC_W4: tile1_avx512vnni_kind(L, t, xq, out, SC_W4); break;
+    case SC_W5: tile1_avx512vnni_kind(L, t, xq, out, SC_W5); break;
+    default: tile1_avx512vnni_kind(L, t, xq, out, SC_W6); break;
+    }
+}
+
+/* The same on AVX2: rows 0-7 and 8-15 of a vector are two 32-byte halves (rh); vpmaddubsw makes int16 sums of two
+   byte products, which do not saturate: u * hi pairs within [-16128, 16002] (two of them, added, still fit), lo * u
+   pairs at most 2 * 255 * 63 = 32130; vpmaddwd with ones makes them int32 row sums (lane r: row 8rh + r). */
+__attribute__((target("avx2"), always_inline))
+static inline void unpack_half_avx2(const uint8_t *p, int P, int rh, const int kind, __m256i u[4]) {
+    /* u[i]: inputs 4(4P + i).., rows 8rh.. (steps 4P..4P+3: the inputs 16P..16P+15) */
+    const __m256i nib = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
+    __m256i v0 = _mm256_loadu_si256((const __m256i *)(p + 128 * P + 32 * rh));
+    __m256i v1 = _mm256_loadu_si256((const __m256i *)(p + 128 * P + 64 + 32 * rh));
+    __m256i a[4] = {_mm256_and_si256(v0, nib), _mm256_and_si256(_mm256_srli_epi16(v0, 4), nib),
+                    _mm256_and_si256(v1, nib), _mm256_and_si256(_mm256_srli_epi16(v1, 4), nib)};
+    if (kind == SC_W6) {  /* vector P, bits 2(2h + e): see unpack_block_avx512 */
+        __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 256 + 64 * P + 32 * rh));
+        a[0] = _mm256_or_si256(a[0], _mm256_and_si256(_mm256_slli_epi16(hb, 4), top));
+        a[1] = _mm256_or_si256(a[1], _mm256_and_si256(_mm256_slli_epi16(hb, 2), top));
+        a[2] = _mm256_or_si256(a[2], _mm256_and_si256(hb, top));
+        a[3] = _mm256_or_si256(a[3], _mm256_and_si256(_mm256_srli_epi16(hb, 2), top));
+    } else if (kind == SC_W5) {  /* bit 4 of inputs 8k + 4e.. (k = 2P + i / 2, e = i % 2) at bit j = 2k + e */
+        __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 256 + 32 * rh));
+        for (int i = 0; i < 4; i++) {
+            int j = 4 * P + i;
+            __m256i bit = _mm256_and_si256(hb, _mm256_set1_epi8((char)(1 << j)));
+            bit = j < 4 ? _mm256_slli_epi16(bit, 4 - j) : j > 4 ? _mm256_srli_epi16(bit, j - 4) : bit;
+            a[i] = _mm256_or_si256(a[i], bit);
+        }
+    }
+    for (int i = 0; i < 4; i++) u[i] = a[i];
+}
+
+__attribute__((target("avx2,fma,f16c"), always_inline))
+static inline void tile1_avx2_kind(const sc_linear *L, int t, const q16_rows *xq, float *out, const int kind) {
+    const int nb = L->n_in / QK, zero = L->zero, split = kind == SC_W6;
+    const size_t bb = block_bytes(kind);
+    const float *xd = xq->d;
+    const int32_t *xs = xq->s, *hs = xq->hs;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int b = 0; b < nb; b++) {
+        size_t blk = (size_t)t * nb + b;
+        const uint8_t *p = L->q + blk * bb;
+        prefetch_ahead(p, bb);
+        const int8_t *xh = xq->xb + 64 * b, *xl = xh + 32;
+        __m256 d[2][2], m[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        scales_avx2(L, t, b, d, m);
+        __m256 dx = _mm256_set1_ps(xd[b]);
+        for (int rh = 0; rh < 2; rh++) {
+            __m256i sh[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, sl[2] = {sh[0], sh[0]};
+            for (int P = 0; P < 2; P++) {
+                __m256i u[4];
+                unpack_half_avx2(p, P, rh, kind, u);
+                for (int i = 0; i < 4; i += 2) {
+                    int s = 4 * P + i;
+                    __m256i ph = _mm256_add_epi16(_mm256_maddubs_epi16(u[i], _mm256_set1_epi32(ld32(xh + 4 * s))),
+                                                  _mm256_maddubs_epi16(u[i + 1], _mm256_set1_epi32(ld32(xh + 4 * s + 4))));
+                    sh[split ? P : 0] = _mm256_add_epi32(sh[split ? P : 0], _mm256_madd_epi16(ph, ones));
+                    sl[split ? P : 1] = _mm256_add_epi32(
+                        sl[split ? P : 1], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(ld32(xl + 4 * s)), u[i]), ones));
+                    sl[split ? P : 0] = _mm256_add_epi32(
+                        sl[split ? P : 0],
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(ld32(xl + 4 * s + 4)), u[i + 1]), ones));
+                }
+            }
+            if (split) {
+                for (int h = 0; h < 2; h++) {
+                    __m256i sum = _mm256_add_epi32(_mm256_slli_epi32(sh[h], 8), sl[h]);
+                    sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(zero * hs[2 * b + h]));
+                    acc[rh] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d[h][rh], dx), acc[rh]);
+                }
+            } else {
+                __m256i sum = _mm256_add_epi32(_mm256_slli_epi32(sh[0], 8), _mm256_add_epi32(sl[0], sl[1]));
+                if (zero) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(zero * xs[b]));
+                acc[rh] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d[0][rh], dx), acc[rh]);
+            }
+            if (L->m) acc[rh] = _mm256_fmadd_ps(m[rh], _mm256_set1_ps(xd[b] * (float)xs[b]), acc[rh]);
+        }
+    }
+    _mm256_storeu_ps(out, acc[0]);
+    _mm256_storeu_ps(out + 8, acc[1]);
+}
+
+__attribute__((target("avx2,fma,f16c")))
+static void tile1_avx2(const sc_linear *L, int t, const q16_rows *xq, float *out) {
+    switch (L->kind) {
+    case SC_W4: tile1_avx2_kind(L, t, xq, out, SC_W4); break;
+    case SC_W5: tile1_avx2_kind(L, t, xq, out, SC_W5); break;
+    default: tile1_avx2_kind(L, t, xq, out, SC_W6); break;
+    }
+}
+
 /* AMX (Advanced Matrix Extensions: TDPBSSD / TDPBUSD, 16 x 16 int32 sums of int8 products per instruction), for
    several tokens at once. A 16-bit activation is q = 256 * hi + lo with hi = q >> 8 (signed byte) and lo = q & 255
    (unsigned byte), so a block's sum over its inputs, sum(w * q) = 256 * sum(w * hi) + sum(w * lo), comes from int8
@@ -1485,6 +1723,13 @@ static void tile_rows(const sc_linear *L, int t, int n, const float *xf, const q
         return;
     }
     isa = base_isa(isa);
+    if (n == 1 && xq->xb && L->kind != SC_W8 && (isa == SC_AVX512VNNI || isa == SC_AVX2)) {  /* decode */
+        if (isa == SC_AVX512VNNI)
+            tile1_avx512vnni(L, t, xq, y + t * TILE);
+        else
+            tile1_avx2(L, t, xq, y + t * TILE);
+        return;
+    }
     if ((isa == SC_AVX512VNNI || isa == SC_AVX2) && n > 1) {  /* several tokens per widened weight block */
         int group = isa == SC_AVX2 ? MULTI_AVX2 : MULTI;
         for (int i = 0; i < n; i += group) {
@@ -1590,6 +1835,7 @@ static void quantize_range(void *p, int begin, int end, int worker) {
     for (int i = begin; i < end; i++) quantize_one(J->x, i, J->n_in, J->out, J->q8);
 #if defined(__x86_64__)
     if (J->planes) amx_split(J->out, begin, end);
+    if (J->out->xb) split_bytes_avx2(J->out->q, J->n_in, J->out->xb, J->out->hs);  /* one token: row 0 */
 #endif
 }
 
@@ -1604,6 +1850,7 @@ static void quantize_rows(const float *x, int n, int n_in, q16_rows *out, int nt
 static void linear(const sc_linear *L, int n, const float *x, q16_rows *scratch, float *y, int isa, int nt) {
     q16_rows q = *scratch;
     if (isa != SC_AMX || n < AMX_MIN) q.amx = NULL, q.ms = NULL;  /* tile_rows takes the AMX path where they are set */
+    if (n != 1 || is_q8(isa)) q.xb = NULL, q.hs = NULL;  /* and the one-token byte path where these are */
     if (chain_quantized(L)) quantize_rows(x, n, L->n_in, &q, nt, is_q8(isa), q.amx != NULL);
     matmul(L, n, x, &q, y, isa, nt);
 }
@@ -1622,11 +1869,18 @@ static int q16_alloc(q16_rows *q, int n, size_t n_in, int isa) {
         q->ms = calloc(padded * (n_in / QK), sizeof(float));
         ok = q->amx && q->ms;
     }
+#if defined(__x86_64__)
+    if (ok && (isa == SC_AVX2 || isa == SC_AVX512VNNI || isa == SC_AMX)) {  /* one token's bytes (a row's worth) */
+        q->xb = malloc(2 * n_in);
+        q->hs = malloc(sizeof(int32_t) * (n_in / 16));
+        ok = q->xb && q->hs;
+    }
+#endif
     return ok ? 0 : -1;
 }
 
 static void q16_free(q16_rows *q) {
-    free(q->q); free(q->d); free(q->s); free(q->amx); free(q->ms);
+    free(q->q); free(q->d); free(q->s); free(q->amx); free(q->ms); free(q->xb); free(q->hs);
 }
 
 /* exposed for tests and kernel timing: one linear on float rows */
