@@ -11,25 +11,31 @@ from tests.grammar.conftest import packaged_vocab
 from tests.grammar.test_masks import GRAMMARS
 
 from samplechain import Vocab
-from samplechain.grammar import Grammar, MaskEngine, TokenTable, json_schema_to_gbnf, mask_groups, mask_walk
+from samplechain.grammar import Grammar, MaskEngine, TokenTable, json_schema_to_gbnf, mask_groups, mask_walk, masks
 from samplechain.grammar.tokens import TokenTrie
 
 TOY_GRAMMARS = [
     *GRAMMARS,
     "root ::= .* [\\u20ac]",
     'root ::= ( [^\\u00e9"]* "\\"" )+',
+    'root ::= ( [a-m] | [^a-m"] )* "\\""',  # two tops keep the loop, a third leaves it
+    'root ::= [a-z]* [a-c] "!"',  # a code point both a looping top and another one match leaves the loop
 ]
 BIG = 1 << 40
 # how the walk may go: NumPy only; node by node only; skipping every loop it can (with either; suffixes deepened
-# until they do not pop, so that loops are found); suffixes of one entry (never deepened); the defaults
+# until they do not pop, so that loops are found); suffixes of one entry (never deepened); every child tested
+# (literals' children not found by bisection); nothing walked with the grammar; the defaults
 WALKS = {
     "numpy": {"FEW": 0, "LOOP_MIN": BIG},
     "few": {"FEW": BIG, "LOOP_MIN": BIG},
     "skip-numpy": {"FEW": 0, "LOOP_MIN": 0, "LOOP_LEAVERS": 0, "POP_MAX": 0},
     "skip-few": {"FEW": BIG, "LOOP_MIN": 0, "LOOP_LEAVERS": 0, "POP_MAX": 0},
     "shallow": {"POP_MAX": BIG},
+    "no-points": {"POINTS_MAX": -1},
+    "unprepared": {"LOOPS_MAX": 0},
     "default": {},
 }
+MODULES = {"LOOP_LEAVERS": mask_groups, "POINTS_MAX": mask_groups, "LOOPS_MAX": masks}
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}},
     "n": {"type": "integer", "minimum": 0}, "ok": {"type": "boolean"}}, "required": ["name", "tags", "n"]}
@@ -39,7 +45,7 @@ DOC = json.dumps({"name": "Zoë \"Q\" \\ 😀 — 東京", "tags": ["a\tb", "€
 
 def walk(monkeypatch, how):
     for name, value in WALKS[how].items():
-        monkeypatch.setattr(mask_groups if name == "LOOP_LEAVERS" else mask_walk, name, value)
+        monkeypatch.setattr(MODULES.get(name, mask_walk), name, value)
 
 
 def expected(engine, state, tokens, vocab):
@@ -167,7 +173,7 @@ def test_every_walk_gives_the_same_masks_on_a_real_vocabulary(monkeypatch):
     vocab = packaged_vocab("smollm2")
     cases = [(json_schema_to_gbnf(SCHEMA), DOC), hermes_call()]
     reference = [masks_along(vocab, gbnf, text)[0] for gbnf, text in cases]
-    for how in ("numpy", "skip-numpy", "shallow"):
+    for how in ("numpy", "skip-numpy", "shallow", "no-points", "unprepared"):
         with monkeypatch.context() as m:
             walk(m, how)
             for (gbnf, text), want in zip(cases, reference, strict=True):
@@ -225,3 +231,29 @@ def test_tiny_caches_change_no_mask():
         assert np.array_equal(engine.mask(state), mask)
         assert len(engine._local) <= 1 and len(engine._cache) <= 4
         state = engine.transition(state, tok)
+
+
+def test_the_first_string_finds_its_walks_made_with_the_grammar(monkeypatch):
+    """A string's contents (a loop over almost every token), its closing quote and its escapes are walked when the
+    engine is made: the first mask inside a string walks only what pops out of them, below their nodes."""
+    vocab = packaged_vocab("smollm2")
+    gbnf = json_schema_to_gbnf({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]})
+    walks = []
+    monkeypatch.setattr(mask_walk.MaskWalker, "walk_suffix",
+                        lambda self, *a, _f=mask_walk.MaskWalker.walk_suffix: walks.append(a) or _f(self, *a))
+    masks_inside = []
+    for loops in (masks.LOOPS_MAX, 0):
+        monkeypatch.setattr(masks, "LOOPS_MAX", loops)
+        g = Grammar.from_gbnf(gbnf)
+        engine = MaskEngine(g, TokenTable.of(vocab))
+        assert bool(walks) == (loops > 0)  # the walks made with the grammar
+        state = g.initial
+        for tok in vocab.tokenize('{"a": "'):
+            state = engine.transition(state, tok)
+        walks.clear()
+        masks_inside.append(engine.mask(state))
+        from_root = [suffix for suffix, parents, _ in walks if parents is None]
+        assert (not from_root) == (loops > 0), from_root
+        walks.clear()
+    assert np.array_equal(*masks_inside)
+    assert masks_inside[0][vocab.tokenize("abc")[0]] and not masks_inside[0][vocab.tokenize("\n")[0]]

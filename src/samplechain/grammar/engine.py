@@ -208,10 +208,13 @@ class Grammar:
 
     def _initial_stacks(self) -> tuple[Stack, ...]:
         out: list[Stack] = []
+        seen: set[Stack] = set()
         pos = self.rule_start[self.root_id]
         while True:
+            check_budget()
             for s in self.advance((pos,) if not self._end(pos) else ()):
-                if s not in out:
+                if s not in seen:
+                    seen.add(s)
                     out.append(s)
             while not self._end(pos):
                 pos += 1
@@ -230,6 +233,8 @@ class Grammar:
         ``llama_grammar_advance_stack``)."""
         done = self._advance.get(stack)
         if done is None:
+            if not stack or self.types[stack[-1]] != RULE_REF:
+                return (stack,)  # already terminal-topped (or empty): nothing to expand, nothing to keep
             done = self._advance[stack] = self._expand(stack)
         return done
 

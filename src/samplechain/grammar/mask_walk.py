@@ -7,16 +7,20 @@ which character sets their code point matches, and each part moves on to the gro
 successors. Large groups are split with NumPy, a few nodes one by one in Python (where NumPy's cost per call would
 dominate). A group whose stack set maps itself to itself on most code points (a string's contents) is not walked
 at all: its subtrees are allowed whole, less the subtrees of the first node on each path whose code point leaves
-the loop, and the walk goes on from those.
+the loop, and the walk goes on from those (from a character set's first characters, that block is made once:
+``MaskGroups.root_block``). A group whose tops take a few code points (a literal) finds the children with those
+code points by bisection (``TokenTrie.cp_nodes``) instead of testing every child.
 """
 
 from __future__ import annotations
+
+from bisect import bisect_left
 
 import numpy as np
 
 from samplechain.grammar.engine import Stack, check_budget
 from samplechain.grammar.mask_groups import Group, Loop, MaskGroups
-from samplechain.grammar.tree_ranges import cover, merged, outermost, ranges
+from samplechain.grammar.tree_ranges import cover, ranges, unique
 
 POP_MAX = 256  # nodes that may pop out of a suffix at its first character before a longer suffix is walked instead
 LOOP_MIN = 1024  # tokens below a self-looping group worth skipping over instead of walking
@@ -97,12 +101,13 @@ class MaskWalker:
                 nxt = own.next.get(1) or self.groups.successor(own, 1)
                 if nxt.popped and len(nodes) > walk.pop_room >= 0:
                     raise Deeper
-                self._arrive(nxt, nodes, walk)
+                if not self._skip_first(nxt, suffix[-1], walk):
+                    self._arrive(nxt, nodes, walk)
         else:
             pos = ranges(tr.end[parents], tr.pend[parents])
             if len(pos):
                 walk.accepted.append(pos[self.groups.partial_ok(own, pos)])
-            walk.queue(own, ranges(tr.clo[parents], tr.chi[parents]))
+            walk.queue(own, self._children(own, parents))
         if parents is None:
             walk.pop_room = -1  # only a suffix that pops at once, with many nodes, is deepened
         while walk.next:
@@ -132,7 +137,7 @@ class MaskWalker:
             walk.pops.append(np.array(walk.few_pops, dtype=np.int64))
         pops = None
         if walk.pops:  # one array of nodes (of any depths), each once
-            pops = walk.pops[0] if len(walk.pops) == 1 else np.unique(np.concatenate(walk.pops))
+            pops = walk.pops[0] if len(walk.pops) == 1 else unique(np.concatenate(walk.pops))
         return Local(self._to_ids(walk, extra), pops)
 
     def _split(self, group: Group, cand: np.ndarray, arrivals: dict[Group, list[np.ndarray]]) -> None:
@@ -190,8 +195,41 @@ class MaskWalker:
             loop = self.groups.loop(group)
             if loop is not None:
                 return self._skip(group, loop, nodes, walk, arrived)
-        walk.queue(group, ranges(tr.clo[nodes], tr.chi[nodes]))
+        walk.queue(group, self._children(group, nodes))
         return False
+
+    def _children(self, group: Group, nodes: np.ndarray) -> np.ndarray:
+        """The children of ``nodes`` to test against ``group``: all of them, or when its tops take a few code
+        points (a literal), those with these code points, found by bisection in their runs of ``cp_nodes``."""
+        tr = self.trie
+        if group.luts is None:
+            self.groups.luts_of(group)
+        if group.points is None:
+            return ranges(tr.clo[nodes], tr.chi[nodes])
+        clo, chi = tr.clo[nodes], tr.chi[nodes]
+        found = []
+        for ci in group.points:
+            run = tr.cp_nodes[tr.ucp_start[ci] : tr.ucp_start[ci + 1]]
+            if len(run):
+                at = np.searchsorted(run, clo)
+                kids = run[np.minimum(at, len(run) - 1)]
+                found.append(kids[(at < len(run)) & (kids < chi)])
+        if len(found) == 1:
+            return found[0]
+        return np.sort(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+
+    def _skip_first(self, group: Group, top: int, walk: Walk) -> bool:
+        """When the first characters of the set at ``top`` lead to ``group`` and it loops with many tokens below
+        them: skip over the loop from there at once (the block is made once per set and loop); True then."""
+        if group.popped or not group.live or group.loop is None:
+            return False
+        loop = self.groups.loop(group)
+        if loop is None:
+            return False
+        block = self.groups.root_block(top, loop)
+        if block is None or block.below < LOOP_MIN:
+            return False
+        return self._skip(group, loop, None, walk, None, top)
 
     def _walk_few(self, group: Group, nodes: list[int], walk: Walk) -> None:
         """Split and arrive node by node, depth first, while the nodes stay few."""
@@ -227,50 +265,38 @@ class MaskWalker:
                             raise Deeper
                 if hi == pend or not nxt.live:
                     continue
-                if chi - clo > FEW or (hi - pend >= LOOP_MIN and not nxt.popped and nxt.loop is not None):
-                    self._go_on(nxt, np.array([n], dtype=np.int64), walk)  # NumPy, or a skip over a loop
-                else:
+                if hi - pend >= LOOP_MIN and not nxt.popped and nxt.loop is not None:
+                    self._go_on(nxt, np.array([n], dtype=np.int64), walk)  # a skip over a loop, or NumPy
+                elif chi - clo <= FEW:
                     work.append((nxt, range(clo, chi)))
+                else:
+                    if nxt.luts is None:
+                        self.groups.luts_of(nxt)
+                    if nxt.points is None:
+                        self._go_on(nxt, np.array([n], dtype=np.int64), walk)  # many children: NumPy
+                    else:  # a few code points (a literal): their children found by bisection
+                        kids = []
+                        for ci in nxt.points:
+                            k = bisect_left(cpi, ci, clo, chi)
+                            if k < chi and cpi[k] == ci:
+                                kids.append(k)
+                        work.append((nxt, kids))
 
-    def _skip(self, group: Group, loop: Loop, nodes: np.ndarray, walk: Walk, arrived: np.ndarray | None) -> bool:
-        """The tokens below ``nodes`` in a group that loops: those whose further code points all stay in the loop
-        are allowed, as a block; the walk goes on from the first node on each path that leaves it. When the nodes
-        ``arrived`` (``nodes`` and others without children) are of one depth and in order, the block takes the
-        tokens ending at them too (their partial characters checked against this group, as ``_arrive`` would):
-        their subtrees join into few ranges. True then."""
+    def _skip(self, group: Group, loop: Loop, nodes: np.ndarray | None, walk: Walk, arrived: np.ndarray | None,
+              top: int | None = None) -> bool:
+        """The tokens below ``nodes`` in a group that loops (``MaskGroups.block``): those whose further code points
+        all stay in the loop are allowed, as a block; the walk goes on from the first node on each path that leaves
+        it. True when the block also took the tokens ending at ``arrived`` (their partial characters checked
+        against this group, as ``_arrive`` would). With ``top``, the nodes are the first ones of the character set
+        there, all arrived: that block is made once (``MaskGroups.root_block``)."""
         tr = self.trie
-        lo, hi = tr.lo[nodes], tr.hi[nodes]
-        if len(lo) > 1 and not ((lo[1:] > lo[:-1]).all() and (hi[:-1] <= lo[1:]).all()):  # not apart and in order
-            order = np.lexsort((tr.depth[nodes], lo))
-            nodes, lo = nodes[order], lo[order]
-            nodes = nodes[outermost(lo, tr.hi[nodes])]  # the same node twice, or one below another
-            lo, hi = tr.lo[nodes], tr.hi[nodes]
-            arrived = None
-        depth = tr.depth[nodes]
-        j = np.maximum(np.searchsorted(lo, loop.lo, side="right") - 1, 0)
-        sel = np.flatnonzero((loop.lo >= lo[j]) & (loop.lo < hi[j]) & (loop.depth > depth[j]))
-        out_lo, out_hi = loop.lo[sel], loop.hi[sel]
-        first = outermost(out_lo, out_hi)  # the first leaving node of each path
-        sel, out_lo, out_hi = sel[first], out_lo[first], out_hi[first]
-        if arrived is not None and len(arrived) > len(nodes):
-            a_lo, a_hi = tr.lo[arrived], tr.hi[arrived]
-            if (a_lo[1:] > a_lo[:-1]).all() and (a_hi[:-1] <= a_lo[1:]).all():
-                lo, hi = a_lo, a_hi
-            else:
-                arrived = None
-        # the subtrees less those of the leaving nodes, which lie inside them and apart: every bound switches
-        lo, hi = merged(lo, hi)
-        edges = np.concatenate([lo, hi, out_lo, out_hi])
-        edges.sort(kind="stable")  # four sorted runs
-        starts, stops = edges[0::2], edges[1::2]
+        block = self.groups.block(loop, nodes, arrived) if top is None else self.groups.root_block(top, loop)
         if loop.tails_ok is None:  # ending inside a character: the loop's character sets must complete it
             loop.tails_ok = self.groups.partial_ok(group, tr.ptail)
-        k = np.searchsorted(starts, tr.ptail, side="right") - 1
-        inside = (k >= 0) & (tr.ptail < stops[np.maximum(k, 0)])
-        walk.blocks.append((starts, stops, tr.ptail[inside & ~loop.tails_ok]))
-        if len(sel):
-            walk.queue(group, loop.nodes[sel])
-        return arrived is not None
+        walk.blocks.append((block.starts, block.stops, tr.ptail[block.inside & ~loop.tails_ok]))
+        if len(block.sel):
+            walk.queue(group, loop.nodes[block.sel])
+        return block.took
 
     def _to_ids(self, walk: Walk, extra: np.ndarray | None) -> np.ndarray:
         """What a walk accepted (positions, and blocks: sorted ranges of positions less some) as a dense mask over
@@ -278,6 +304,16 @@ class MaskWalker:
         tr, n = self.trie, self.table.n
         parts = [a for a in walk.accepted if len(a)]
         count = sum(len(p) for p in parts)
+        if walk.blocks and (count + sum(int((b[1] - b[0]).sum()) for b in walk.blocks)) * 32 <= n:
+            for starts, stops, out_pos in walk.blocks:  # small blocks: as positions
+                pos = ranges(starts, stops)
+                if len(out_pos):
+                    keep = np.ones(len(pos), dtype=bool)
+                    keep[np.searchsorted(pos, out_pos)] = False
+                    pos = pos[keep]
+                parts.append(pos)
+            walk.blocks = []
+            count = sum(len(p) for p in parts)
         if not walk.blocks and count * 32 <= n:
             ids = tr.sorted_ids[np.concatenate(parts)] if parts else np.zeros(0, dtype=np.int64)
             return ids if extra is None or not len(extra) else np.concatenate([ids, extra])

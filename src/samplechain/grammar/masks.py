@@ -10,11 +10,15 @@ can still complete it). A prefix shared by many tokens is walked once, and most 
 point. Large groups are split with NumPy, a few nodes one by one in Python (where NumPy's cost per call would
 dominate). A group whose stack set maps itself to itself on most code points (a string's contents) is not walked
 at all: its subtrees are allowed whole, less the subtrees of the first node on each path whose code point leaves
-the loop, and the walk goes on from those.
+the loop, and the walk goes on from those. A group whose tops take a few code points (a literal) finds its nodes'
+children with those code points by bisection, without testing the others.
 
 This module holds the engine: state masks and their cache, and each stack's suffix walked once and continued
-through the rest of the stack. The walk itself is ``mask_walk.py``; the groups and the character sets' tables over
-the tree are ``mask_groups.py``; the range arithmetic over tree positions is ``tree_ranges.py``.
+through the rest of the stack (the pops of a state's walks into one rest of a stack go on together). What the
+first mask inside a string would walk the longest (the string's contents over almost every token, its opening
+quote) is walked with the grammar, in its compile time. The walk itself is ``mask_walk.py``; the groups and the
+character sets' tables over the tree are ``mask_groups.py``; the range arithmetic over tree positions is
+``tree_ranges.py``.
 """
 
 from __future__ import annotations
@@ -23,11 +27,14 @@ from collections import OrderedDict
 
 import numpy as np
 
-from samplechain.grammar.engine import CHARSET, Grammar, Stack, State
+from samplechain.grammar.engine import CHARSET, Grammar, Stack, State, check_budget
 from samplechain.grammar.mask_groups import MaskGroups
 from samplechain.grammar.mask_walk import Deeper, Local, MaskWalker
-from samplechain.grammar.parser import TOKEN, TOKEN_NOT
+from samplechain.grammar.parser import ALT, END, RULE_REF, TOKEN, TOKEN_NOT
 from samplechain.grammar.tokens import TokenTable
+from samplechain.grammar.tree_ranges import unique
+
+LOOPS_MAX = 8  # repetitions over almost every character walked with the grammar, at most
 
 
 class MaskEngine:
@@ -50,6 +57,56 @@ class MaskEngine:
         self._local_bytes, self._local_max = 0, cache_bytes  # walks are mostly small: bounded by their bytes
         self._eog = frozenset(table.eog.tolist())
         self._depths: dict[int, int] = {}  # per top position: the suffix length its walks need
+        self._prepare_loops()
+
+    def _prepare_loops(self) -> None:
+        """Walk, with the grammar (part of its compile time), where a repetition over a set of almost every
+        character starts (a JSON string's contents, ``char*``, with its escapes and its closing quote), and the
+        first characters of the rules that hold one (the string's opening quote); at most ``LOOPS_MAX``
+        repetitions. These walks are the costly ones of the first mask inside a string; made here on the bare
+        stacks (the repetition's reference, and what follows it in its rule), they are found under the same keys
+        by any stack that holds them, as ``_stack_into`` walks only a stack's top entries."""
+        g, wide = self.grammar, self._walker.groups.wide
+        if not wide:
+            return
+        types, values, starts = g.types, g.values, g.rule_start
+        scratch = np.zeros(self.table.n, dtype=bool)
+        pending: dict[Stack, list] = {}
+        repeating = [self._repeats_itself(rule) for rule in range(len(starts))]
+        walked = 0
+        for start in starts:
+            pos, alts, refs = start, [start], []
+            while types[pos] != END:
+                if types[pos] == ALT:
+                    alts.append(pos + 1)
+                elif types[pos] == RULE_REF and types[pos + 1] not in (END, ALT) and repeating[values[pos]]:
+                    refs.append(pos)  # a repetition, and something after it
+                pos += 1
+            found = False
+            for q in refs:
+                if walked >= LOOPS_MAX:
+                    break
+                stacks = [s for s in g.advance((q,)) if s and types[s[-1]] in CHARSET]
+                if any(s[-1] in wide for s in stacks):  # the repetition's contents, and what ends it
+                    walked += 1
+                    found = True
+                    for s in stacks:
+                        self._stack_into(s, None, None, scratch, pending)
+                    self._continue(pending, scratch)
+            if found:  # the rule's own first characters (a quote) lead into the repetition
+                for a in alts:
+                    if types[a] in CHARSET:
+                        self._stack_into((a,), None, None, scratch, pending)
+
+    def _repeats_itself(self, rule: int) -> bool:
+        """Whether some alternative of ``rule`` ends with ``rule`` itself (a repetition, ``x*``)."""
+        types, values = self.grammar.types, self.grammar.values
+        pos = self.grammar.rule_start[rule]
+        while types[pos] != END:
+            if types[pos] == RULE_REF and values[pos] == rule and types[pos + 1] in (END, ALT):
+                return True
+            pos += 1
+        return False
 
     def transition(self, state: State, token: int) -> State | None:
         return self.grammar.transition(state, token, self.table.pieces[token])
@@ -100,22 +157,26 @@ class MaskEngine:
                 allowed |= tt.by_id
                 if v < tt.n:
                     allowed[v] = keep
+        pending: dict[Stack, list] = {}
         for s in state.stacks:
             if s and types[s[-1]] in CHARSET:
-                self._stack_into(s, None, None, allowed)
+                self._stack_into(s, None, None, allowed, pending)
+        self._continue(pending, allowed)
         return allowed
 
-    def _stack_into(self, s: Stack, source: tuple | None, parents: np.ndarray | None, allowed: np.ndarray) -> None:
+    def _stack_into(self, s: Stack, source: object, parents: np.ndarray | None, allowed: np.ndarray,
+                    pending: dict[Stack, list]) -> None:
         """Mark the tokens that stack ``s`` takes: every token (``parents`` None), or those below the tree nodes
-        ``parents``, whose code points so far the stacks above ``s`` consumed.
+        ``parents``, whose code points so far the stacks above ``s`` consumed; queue on ``pending`` the tokens
+        that pop out of the walked suffix with text left (for ``_continue``).
 
         Only the top entries of ``s`` are walked (its *suffix*); the walk is cached by (suffix, ``source``: what
         names the nodes), so that a suffix is walked once wherever it occurs (a string's contents, a run of
-        whitespace). The tokens that pop out of the suffix with text left continue, from where they popped,
-        through each stack below. A suffix is as short as it can be: one entry, or more when one entry pops
-        out at once with many tokens, or pops into the same top again (a repetition whose every step ends the
-        rule: ``char*``); found once per top.
+        whitespace). A suffix is as short as it can be: one entry, or more when one entry pops out at once with
+        many tokens, or pops into the same top again (a repetition whose every step ends the rule: ``char*``);
+        found once per top.
         """
+        check_budget()  # a state may hold many stacks
         depth = self._depths.get(s[-1], 1)
         while True:
             suffix = s[-depth:]
@@ -124,22 +185,48 @@ class MaskEngine:
             if local is not None:
                 self._local.move_to_end(key)
                 break
+            if depth < len(s) and self._repeats(s, depth):
+                depth += 1
+                self._depths[s[-1]] = depth
+                continue
             try:
                 local = self._walker.walk_suffix(suffix, parents, depth < len(s))
             except Deeper:
                 depth += 1
                 self._depths[s[-1]] = depth
                 continue
-            self._local[key] = local
-            self._local_bytes += local.nbytes()
-            while self._local_bytes > self._local_max and len(self._local) > 1:
-                self._local_bytes -= self._local.popitem(last=False)[1].nbytes()
+            self._keep(key, local)
             break
         local.mark(allowed)
         if len(s) > depth and local.pops is not None:
-            types = self.grammar.types
-            for r in self.grammar.advance(s[:-depth]):  # empty and token-topped stacks refuse unfinished text
+            pending.setdefault(s[:-depth], []).append((key, local.pops))
+
+    def _continue(self, pending: dict[Stack, list], allowed: np.ndarray) -> None:
+        """Go on with the tokens that popped out of walked suffixes with text left: from the nodes where they
+        popped, through each stack that the rest of their stack (the *base*) advances to. The longest base first,
+        so that the pops into one base, from any walk, go on together (one walk per stack, cached by the
+        suffix and the walks whose pops it goes on from)."""
+        types = self.grammar.types
+        while pending:
+            base = max(pending, key=len)
+            entries = pending.pop(base)
+            if len(entries) == 1:
+                source, parents = entries[0]
+            else:
+                source = frozenset(k for k, _ in entries)
+                parents = unique(np.concatenate([p for _, p in entries]))
+            for r in self.grammar.advance(base):  # empty and token-topped stacks refuse unfinished text
                 if r and types[r[-1]] in CHARSET:
-                    if r[-1] == s[-1] and self._depths.get(r[-1], 1) <= depth:
-                        self._depths[r[-1]] = depth + 1  # the rule repeats itself from below: walk more of it
-                    self._stack_into(r, key, local.pops, allowed)
+                    self._stack_into(r, source, parents, allowed, pending)
+
+    def _keep(self, key: tuple, local: Local) -> None:
+        self._local[key] = local
+        self._local_bytes += local.nbytes()
+        while self._local_bytes > self._local_max and len(self._local) > 1:
+            self._local_bytes -= self._local.popitem(last=False)[1].nbytes()
+
+    def _repeats(self, s: Stack, depth: int) -> bool:
+        """Whether the suffix of ``s`` of ``depth`` entries, once done, comes back to the same top (a repetition such
+        as ``char*``): walking one more entry then takes the loop in one walk."""
+        top = s[-1]
+        return any(r and r[-1] == top for r in self.grammar.advance(s[:-depth]))

@@ -99,7 +99,8 @@ class TokenTrie:
     code points) and, within a depth, in position order; a node's children are the nodes ``[clo, chi)``. Nodes are
     also listed by code point and then position (``by_cp``, with ``ucp`` the distinct code points and ``ucp_start``
     their offsets), for the walk that skips over a loop of the grammar (``mask_walk.py``); ``cpi`` is each node's index
-    into ``ucp``, so that a character set is a lookup table over the vocabulary's distinct code points.
+    into ``ucp``, so that a character set is a lookup table over the vocabulary's distinct code points; ``cp_nodes``
+    lists the nodes by code point and then number, for the children with given code points (a literal's next one).
     """
 
     def __init__(self, table: TokenTable) -> None:
@@ -167,6 +168,9 @@ class TokenTrie:
         self.ucp_start = np.append(first, total)
         self.cpi = np.zeros(total, dtype=np.int64)  # each node's code point as an index into ucp
         self.cpi[self.by_cp] = np.repeat(np.arange(len(self.ucp)), np.diff(self.ucp_start))
+        # nodes by code point and then number (depth, then position): a node's children with one code point are
+        # found by bisection in that code point's run, ucp_start[i]:ucp_start[i + 1], between clo and chi
+        self.cp_nodes = np.argsort(self.cpi, kind="stable")
         self.root_cps = self.cp[: self.dstart[1]] if max_len else np.zeros(0, dtype=np.int64)
         # the same arrays as the rows of one table, so that one column reads a node at once (small walks)
         self.node_rows = np.stack([self.cpi, self.lo, self.end, self.pend, self.hi, self.clo, self.chi])

@@ -48,3 +48,14 @@ def outermost(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     if len(lo) > 1:
         keep[1:] = lo[1:] >= np.maximum.accumulate(hi)[:-1]
     return keep
+
+
+def unique(values: np.ndarray) -> np.ndarray:
+    """The distinct values, sorted (``np.unique`` without its overhead for small arrays)."""
+    if len(values) < 2:
+        return values
+    values = np.sort(values)
+    keep = np.empty(len(values), dtype=bool)
+    keep[0] = True
+    np.not_equal(values[1:], values[:-1], out=keep[1:])
+    return values[keep]
