@@ -11,7 +11,7 @@ import torch
 from samplechain.runtime import kernels as K
 from samplechain.runtime.cpu_engine import EngineUnavailable
 
-# name: (decode step ms, BATCH-token forward ms); score = decode + batch / 8
+# name: (decode step ms, a BATCH-token forward's ms per 8 tokens); score = decode + that / 8
 TIMES = {
     "c-fast": (10.0, 40.0),  # score 15, the fastest decode step: its score sets round 1's bar (1.5 x 15 = 22.5)
     "c-close": (11.0, 24.0),  # score 14: slower per step, faster per prompt token, so it wins
@@ -38,7 +38,7 @@ def fake(tmp_path, monkeypatch):
     def timer(name, _tokens):
         def run(n):
             calls.append((name, n))
-            return TIMES[name][0 if n == 1 else 1]
+            return TIMES[name][0] if n == 1 else TIMES[name][1] * n / 8
         return run
 
     table = {name: (lambda _t, name=name: name, True) for name in ("c-missing", "c-fast", "c-close", "c-batchy",
@@ -66,7 +66,7 @@ def _count(calls):
 
 
 def test_quick_round_prunes_and_the_race_stops_when_decided(fake):
-    assert (K.QUICK_STEPS, K.ROUNDS, K.PRUNE, K.BATCH) == (3, 5, 1.5, 8)
+    assert (K.QUICK_STEPS, K.ROUNDS, K.PRUNE, K.BATCH) == (3, 5, 1.5, 32)
     trials = {r.name: r for r in K.measure(_model())}
     assert _count(fake) == {
         "c-fast": (3 + 5, 1 + 5),  # round 1's leader: its BATCH-token forward sets the bar; then all five turns

@@ -47,7 +47,7 @@ ACCURACY_BOUND = 0.08
 CALIBRATION = np.array([1, 504, 3458, 2365, 1790, 260, 15451, 5346, 253, 2756, 28, 837, 314, 30, 216, 40],
                        dtype=np.int64)
 CHECK = 2  # the compiled 16-bit variants are compared bit for bit on this many tokens (their multi-token paths run)
-BATCH = 8
+BATCH = 32  # a prompt chunk's shape: at 8 tokens AMX tiles barely start (AMX_MIN), and c-amx lost to c-avx512vnni on noise
 QUICK_STEPS = 3  # round 1: decode steps per candidate (the first is a warm-up)
 ROUNDS = 5  # round 2: at most this many turns of a decode step and a BATCH-token forward per candidate
 PRUNE = 1.5  # a candidate slower than this times the best is dropped: it cannot win, and timing it costs the most
@@ -120,7 +120,7 @@ def cache_key(t: Transformer) -> str:
     where = (f"cuda {torch.cuda.get_device_name(t.device)}" if t.device.type == "cuda"
              else f"threads {torch.get_num_threads()}")
     return (f"{cpu_engine.machine_id()} | {cpu_engine.source_hash()} | torch {torch.__version__} | "
-            f"{where} | {shape_key(t)}")
+            f"{where} | batch {BATCH} | {shape_key(t)}")
 
 
 def _cache_file() -> str:
