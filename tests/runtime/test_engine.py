@@ -188,7 +188,8 @@ def test_choice_is_measured_once_and_cached(smol, kernel_cache, monkeypatch):
     assert chosen.kernel.startswith("c-")  # the batch-invariant engine wins here
     # only the compiled engine's variants are measured where it builds (no dequantized copy of the model)
     compiled = {n for n, (_build, invariant) in K.CPU_CANDIDATES.items() if invariant} - K.OPT_IN
-    assert set(entry["decode_ms"]) == set(entry["batch8_ms"]) == compiled
+    batch_ms = entry[f"batch{K.BATCH}_ms"]
+    assert set(entry["decode_ms"]) == set(batch_ms) == compiled
     score = entry["score"]
     # a candidate this CPU cannot run (e.g. c-avx512 on an AVX2 machine) has a problem and no score; one dropped
     # after the quick round (tests/runtime/test_kernels.py) is listed as pruned, with its decode step only
@@ -196,7 +197,7 @@ def test_choice_is_measured_once_and_cached(smol, kernel_cache, monkeypatch):
     assert all((n in entry["problems"]) != (n in entry["pruned"]) for n in score if score[n] is None)
     assert all(entry["decode_ms"][n] is not None for n in entry["pruned"])
     assert score[chosen.kernel] == min(score[n] for n in timed if n.startswith("c-"))
-    assert all(score[n] == pytest.approx(entry["decode_ms"][n] + entry["batch8_ms"][n] / 8) for n in timed)
+    assert all(score[n] == pytest.approx(entry["decode_ms"][n] + batch_ms[n] / K.BATCH) for n in timed)
 
     def no_measuring(_t):
         raise AssertionError("measured again")
