@@ -14,7 +14,6 @@ from samplechain.cli.common import (
     check_constraint,
     from_hub,
     params_from_args,
-    spec_types,
     speculation_config,
 )
 from samplechain.options import add_declared, declared_values
@@ -125,8 +124,8 @@ def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from samplechain.runtime.speculation import synth_probabilities
     from samplechain.server.app import serve as run_server
+    from samplechain.speculative.config import SynthError
 
     try:
         declared_values(args, ServerConfig)  # every declared check: a usage error before anything loads
@@ -201,13 +200,10 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"warning: embeddings enabled with n_batch ({n_batch}) > n_ubatch ({args.ubatch_size}): setting "
               f"n_batch = n_ubatch = {args.ubatch_size}", file=sys.stderr)
         n_batch = args.ubatch_size
-    try:  # synthetic acceptance is a usage error
-        synth = synth_probabilities(args.spec_synth_rates, args.spec_synth_len, args.n_max)
-    except ValueError as e:
+    try:  # bad drafter names and lengths are errors now, not at the first request; bad synthetic rates, usage errors
+        spec = speculation_config(args)
+    except SynthError as e:
         parser.error(str(e))
-    if synth and not spec_types(args):
-        parser.error("synthetic acceptance requires an initialized speculative decoding context (--spec-type)")
-    spec = speculation_config(args)  # bad drafter names and lengths are errors now, not at the first request
     drafting = spec.draft_model
     if drafting and args.model_draft is None:
         parser.error("--spec-type draft-simple needs a draft model (-md)")

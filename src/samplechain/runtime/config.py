@@ -1,7 +1,6 @@
 """How a model loads and runs, declared once (``options.py``) for ``generate`` and ``serve`` (whose ``ServerConfig``
 extends it): the context size and batch, the device, the CPU threads and kernel, and the KV cache's types
-(llama.cpp's ``-ctk`` / ``-ctv``). Light to
-import: no torch (``samplechain --help`` reads it)."""
+(llama.cpp's ``-ctk`` / ``-ctv``). Light to import: no torch (``samplechain --help`` reads it)."""
 
 from __future__ import annotations
 

@@ -22,6 +22,11 @@ from samplechain.validate import cli_non_negative_int, cli_number
 SPEC_DEFAULT = {"ngram_mod_n_match": 24, "ngram_mod_n_min": 48, "ngram_mod_n_max": 64}
 
 
+class SynthError(ValueError):
+    """A bad synthetic acceptance setting (``synth_rates`` / ``synth_len``): on ``serve``'s command line, a usage
+    error."""
+
+
 @dataclass(frozen=True)
 class SpeculationConfig:
     """How to draft. ``types``: ``--spec-type`` values (each may list several, comma-separated; ``draft-simple``
@@ -85,8 +90,12 @@ class SpeculationConfig:
         if self.n_max < 0 or self.n_min < 0:
             raise ValueError(f"draft lengths must be non-negative, got n_max={self.n_max}, n_min={self.n_min}")
         make_drafters(self.types, **self.ngram)
-        if self.synth and not self.names:
-            raise ValueError("synthetic acceptance requires an initialized speculative decoding context (--spec-type)")
+        try:
+            synth = self.synth
+        except ValueError as e:
+            raise SynthError(str(e)) from None
+        if synth and not self.names:
+            raise SynthError("synthetic acceptance requires an initialized speculative decoding context (--spec-type)")
 
     def build(self, draft: Drafter | None = None) -> Speculation | None:
         """A fresh ``Speculation`` for one sequence (None: nothing drafts); ``draft``: the draft model's drafter,
