@@ -6,7 +6,9 @@ B sequential CPU chains, on the same logits and in the same run (ratios; absolut
 - ``sort``: the common PyTorch top-k/top-p sampler (full descending sort, masks, softmax, exponential race),
   same parameters (not llama.cpp's semantics; the usual baseline, as in vLLM).
 - ``cpu``: ``CommonSampler.sample`` row after row (NumPy).
-- ``flashinfer``: ``top_k_top_p_sampling_from_logits`` when CUDA and flashinfer are present.
+- ``graph`` (CUDA): ``ours`` with ``cuda_graph=True``, the step replayed as one CUDA graph; ``same`` its exactness.
+- ``flashinfer``: ``top_k_top_p_sampling_from_logits`` when CUDA and flashinfer are present (its ``ours/fi``: the
+  faster of ``ours`` and ``graph``). It gets the temperature-scaled logits and top-k 40, top-p 0.95, as ours.
 - ``ops`` / ``syncs``: per step of ``ours``, the aten operations dispatched (torch.profiler, nested ones not
   counted) and the host synchronisations (the step's one transfer plus any ``.item()``-like read; on CUDA the
   runtime's synchronising calls); ``kern``: CUDA kernels per step (on CUDA the step replays a CUDA graph).
@@ -74,8 +76,9 @@ def main() -> None:
     batches = (64,) if args.quick else (1, 8, 64, 256)
     vocabs = (49152,) if args.quick else (49152, 131072, 262144)
     print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}; ms per step (median)")
+    cuda = device.type == "cuda"
     head = (f"{'vocab':>7} {'B':>4} {'ours':>9} {'sort':>9} {'cpu':>9} {'cpu/ours':>9} {'sort/ours':>9} {'same':>6}"
-            f" {'ops':>5} {'syncs':>5}" + (f" {'kern':>5}" if device.type == "cuda" else ""))
+            f" {'ops':>5} {'syncs':>5}" + (f" {'kern':>5} {'graph':>9} {'same':>6}" if cuda else ""))
     if top_k_top_p_sampling_from_logits is not None:
         head += f" {'flashinfer':>10} {'ours/fi':>8}"
     print(head)
@@ -100,11 +103,17 @@ def main() -> None:
             counts = step_counts(BatchSampler([CommonSampler(p) for p in params], device), logits, steps=3)
             line = (f"{v:>7} {b:>4} {ours:>9.3f} {sort:>9.3f} {cpu:>9.3f} {cpu / ours:>9.2f} {sort / ours:>9.2f}"
                     f" {same!s:>6} {counts.ops:>5.0f} {counts.syncs:>5.0f}")
-            if device.type == "cuda":
-                line += f" {counts.kernels:>5.0f}"
+            graph = ours
+            if cuda:  # the step captured as a CUDA graph after its first run, and replayed
+                bg = BatchSampler([CommonSampler(p) for p in params], device, cuda_graph=True)
+                graph = timed(lambda bs=bg, x=logits: bs.sample(x), sync, budget)
+                g = BatchSampler([CommonSampler(p) for p in params], device, cuda_graph=True)
+                ref = [CommonSampler(p) for p in params]
+                g_same = all(g.sample(logits) == [c.sample(host[i]) for i, c in enumerate(ref)] for _ in range(5))
+                line += f" {counts.kernels:>5.0f} {graph:>9.3f} {g_same!s:>6}"
             if top_k_top_p_sampling_from_logits is not None:
                 fi = timed(lambda x=logits, f=top_k_top_p_sampling_from_logits: f(x / TEMP, TOP_K, TOP_P), sync, budget)
-                line += f" {fi:>10.3f} {ours / fi:>8.2f}"
+                line += f" {fi:>10.3f} {min(ours, graph) / fi:>8.2f}"
             print(line, flush=True)
 
 

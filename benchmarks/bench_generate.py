@@ -25,7 +25,13 @@ long-lived ``threading.Thread`` in the same process (as the server's engine thre
 median of ``--thread-repeats`` runs each, and the ratio thread / main (target: within 5 %).
 
 ``--device cuda``: single-stream decode (CUDA graphs and eager) and ``--batch`` sequences decoding together
-(aggregate tok/s), against transformers on the same GGUF and GPU (greedy, fp32).
+(aggregate tok/s), against transformers on the same GGUF and GPU (greedy, fp32), and against llama.cpp's CUDA build
+on the same GGUF: through llama-cpp-python (``LLAMA_CPP_LIB_PATH``: its CUDA libraries), every layer offloaded,
+driven exactly as ours: the same 8-token prompt, llama.cpp's default chain (top-k 40, top-p 0.95, min-p 0.05,
+temperature 0.8, sampled on the host on both sides), EOS ignored, tok/s by the wall clock from the first generated
+token to the last of a Python loop (``model.generate`` / ``Llama.generate``), median of 3; and ``llama-bench``'s
+decode rate (``LLAMA_BENCH``: its binary; no sampling, no Python: llama.cpp's ceiling). Ours also reports the split
+of a step (forward, sampling), the CUDA kernels one replayed step launches and their GPU time.
 Run: ``make bench`` (installs llama-cpp-python), or ``python -m benchmarks.bench_generate --gemma``;
 ``--forward-only`` or ``--thread-only`` for just one table.
 """
@@ -323,17 +329,87 @@ def _sync():
 
 
 def cuda_single(model, tokens, n_decode):
-    """Single-stream generation with the default chain (sampled on the CPU), tok/s over the decode steps."""
+    """Single-stream generation with the default chain (sampled on the CPU): tok/s by the wall clock from the first
+    generated token to the last (as ``llama_decode_rate``), the median of 3 runs, and the timings' split of a step
+    into the forward (with the logits' copy to the host) and sampling, in ms."""
     params = SamplingParams(seed=1234, ignore_eos=True)
     for _ in model.generate(tokens[:8], params, n_predict=8):
         pass  # graphs captured, cuBLAS warm
-    rates = []
+    rates, splits = [], []
     for _ in range(3):
-        for _ in model.generate(tokens[:8], params, n_predict=n_decode):
-            pass
+        n, t0 = 0, None
+        for _ in model.generate(tokens[:8], params, n_predict=n_decode + 1):
+            if t0 is None:  # the first token comes out of prompt processing
+                t0 = time.perf_counter()
+            n += 1
+        rates.append((n - 1) / (time.perf_counter() - t0))
         t = model.timings
-        rates.append(1e3 * t.n_eval / (t.eval_ms + t.sample_ms))
-    return statistics.median(rates)
+        splits.append((t.eval_ms / t.n_eval, t.sample_ms / t.n_sample))
+    return statistics.median(rates), min(splits)
+
+
+def cuda_step_profile(model, tokens):
+    """One replayed single-token decode step under torch.profiler: CUDA kernels launched and their summed time
+    (ms), and the wall time of the step with its logits on the host (ms, median of 20)."""
+    ctx = model.new_context(512)
+    ctx.decode(tokens[:8])
+    walls = []
+    for i in range(22):
+        _sync()
+        t0 = time.perf_counter()
+        ctx.decode(tokens[8 + i:9 + i], positions=[8 + i]).cpu()
+        walls.append(time.perf_counter() - t0)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        ctx.decode(tokens[30:31], positions=[30]).cpu()
+        _sync()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    gpu_ms = sum(e.device_time for e in kernels) / 1e3
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name[:90], []).append(e.device_time)
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:15]
+    lines = [f"  {len(ts):4d} x {sum(ts) / len(ts):7.2f} us  {name}" for name, ts in top]
+    return len(kernels), gpu_ms, 1e3 * statistics.median(walls[2:]), "\n".join(lines)
+
+
+def llama_cuda(path, tokens, n_decode):
+    """llama.cpp's CUDA build through llama-cpp-python (``LLAMA_CPP_LIB_PATH`` names its libraries): every layer on
+    the GPU, the same 8-token prompt, default chain and decode loop as ours (``llama_decode_rate``, median of 3),
+    with flash attention off (llama-cpp-python's default) and on (llama.cpp's ``auto`` on this GPU): the faster, and
+    both rates. None when llama-cpp-python is missing or its library has no GPU offload."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    if not llama_cpp.llama_supports_gpu_offload():
+        return None
+    rates = {}
+    for fa in (False, True):
+        llm = llama_cpp.Llama(path, n_gpu_layers=-1, n_ctx=1024, n_batch=512, flash_attn=fa, verbose=False)
+        llama_decode_rate(llm, tokens, 8)  # warm: CUDA graphs, cuBLAS
+        rates[fa] = statistics.median(llama_decode_rate(llm, tokens, n_decode) for _ in range(3))
+        del llm
+    print(f"llama.cpp CUDA (llama-cpp-python): flash attention off {rates[False]:.1f} tok/s, on {rates[True]:.1f}")
+    return max(rates.values())
+
+
+def llama_bench_cuda(path, n_decode):
+    """``llama-bench -ngl 99 -p 0 -n N -fa 0,1`` (``LLAMA_BENCH`` names the binary): llama.cpp's decode tok/s with
+    no sampling and no Python, the C++ ceiling (the faster of flash attention off and on); None without the binary."""
+    import json
+    import subprocess
+
+    exe = os.environ.get("LLAMA_BENCH")
+    if not exe or not os.path.exists(exe):
+        return None
+    out = subprocess.run([exe, "-m", path, "-ngl", "99", "-p", "0", "-n", str(n_decode), "-r", "3", "-fa", "0,1",
+                          "-o", "json"], capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        print(out.stderr[-2000:])
+        return None
+    return max(float(row["avg_ts"]) for row in json.loads(out.stdout))
 
 
 def cuda_batch(model, tokens, batch, n_decode):
@@ -354,13 +430,13 @@ def cuda_batch(model, tokens, batch, n_decode):
     return batch / statistics.median(times[2:])
 
 
-def transformers_anchor(tokens, batch, n_decode):
+def transformers_anchor(path, tokens, batch, n_decode):
     try:
         from transformers import AutoModelForCausalLM
     except ImportError:
         return None, None
 
-    folder, file = os.path.split(model_path("smollm2"))
+    folder, file = os.path.split(path)
     hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32).cuda().eval()
     rates = []
     for b in (1, batch):
@@ -374,20 +450,48 @@ def transformers_anchor(tokens, batch, n_decode):
     return rates[0], rates[1]
 
 
+def attempt(fn, *args):
+    """``fn(*args)``, or None with the traceback printed: one anchor's failure leaves the rest of the table."""
+    import traceback
+
+    try:
+        return fn(*args)
+    except Exception:
+        traceback.print_exc()
+        return None
+
+
 def cuda(args):
     kernels = ["cuda-graph-tf32", "cuda-graph", "cuda-eager"]
-    models = {k: load_model(device="cuda", kernel=k) for k in kernels}
+    path = model_path(args.model)
+    models = {k: load_model(path, device="cuda", kernel=k) for k in kernels}
     tokens = models[kernels[0]].tokenize(TEXT * 4)
-    hf1, hfb = transformers_anchor(tokens, args.batch, args.n)
+    hf1, hfb = transformers_anchor(path, tokens, args.batch, args.n)
     single = {k: cuda_single(m, tokens, args.n) for k, m in models.items()}
     batched = {k: cuda_batch(m, tokens, args.batch, args.n) for k, m in models.items()}
-    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, SmolLM2-135M (fp32 weights)")
+    lc, lb = attempt(llama_cuda, path, tokens, args.n), attempt(llama_bench_cuda, path, args.n)
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, {os.path.basename(path)} "
+          "(ours: fp32 weights)")
     print(f"{'what':<22} " + " ".join(f"{k:>15}" for k in kernels) + f" {'transformers':>12} {'ratio':>6}")
-    for what, row, hf in (("single stream tok/s", single, hf1), (f"{args.batch} sequences tok/s", batched, hfb)):
+    for what, row, hf in (("single stream tok/s", {k: v[0] for k, v in single.items()}, hf1),
+                          (f"{args.batch} sequences tok/s", batched, hfb)):
         best = max(row.values())
         ratio = f"{best / hf:6.1f}" if hf else f"{'-':>6}"
         hf_s = f"{hf:12.1f}" if hf else f"{'n/a':>12}"
         print(f"{what:<22} " + " ".join(f"{row[k]:15.1f}" for k in kernels) + f" {hf_s} {ratio}")
+    print(f"{'step ms: forward':<22} " + " ".join(f"{single[k][1][0]:15.3f}" for k in kernels))
+    print(f"{'step ms: sampling':<22} " + " ".join(f"{single[k][1][1]:15.3f}" for k in kernels))
+    profiles = {k: cuda_step_profile(m, tokens) for k, m in models.items()}
+    print(f"{'kernels per step':<22} " + " ".join(f"{profiles[k][0]:15d}" for k in kernels))
+    print(f"{'GPU ms per step':<22} " + " ".join(f"{profiles[k][1]:15.3f}" for k in kernels))
+    print(f"{'step wall ms':<22} " + " ".join(f"{profiles[k][2]:15.3f}" for k in kernels))
+    print(f"kernels of one cuda-graph step, by GPU time:\n{profiles['cuda-graph'][3]}")
+    best = max(v[0] for v in single.values())
+    for name, rate in (("llama.cpp CUDA, same loop (llama-cpp-python generate)", lc), ("llama-bench tg", lb)):
+        if rate is None:
+            print(f"{name}: not available")
+        else:
+            print(f"{name}: {rate:.1f} tok/s; ours (best kernel) / it = {best / rate:.2f}")
     trials = K.measure(models[kernels[0]].transformer)
     print(K.report(trials, K.pick(trials).name))
 
@@ -401,6 +505,7 @@ def main():
     parser.add_argument("--candidates", action="store_true", help="time every kernel candidate too")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--batch", type=int, default=64, help="sequences decoding together (cuda)")
+    parser.add_argument("--model", default="smollm2", help="GGUF path or packaged model name (cuda)")
     parser.add_argument("--forward-repeats", type=int, default=15, help="timed forwards per n and side (median)")
     parser.add_argument("--thread-repeats", type=int, default=5, help="runs per thread, main and second (median)")
     only = parser.add_mutually_exclusive_group()

@@ -1,7 +1,8 @@
 """Every architecture we run against llama.cpp's own logits on tiny random-weight models (``tests/model_fixtures``):
 Llama 3 (rope_freqs), Mistral (SentencePiece), Qwen 2 (biases), Qwen 3 (q/k norms), Phi-3 (fused matrices, rope
 factors), Gemma 2 (soft-capping, sliding windows) and Gemma 3, each as F16 and as llama.cpp quantized it to Q8_0,
-Q4_K_M and Q6_K, on the torch reference path and on every compiled kernel variant this CPU runs.
+Q4_K_M and Q6_K, on the torch reference path, on every compiled kernel variant this CPU runs, and on CUDA (float32
+weights; eager and replayed graphs, a prompt batch and decode steps) where a GPU is present.
 
 Two references per quantized file:
 - llama.cpp on the same weights dequantized to F32 (its float path): the same arithmetic up to rounding, so top-1
@@ -15,6 +16,7 @@ Two references per quantized file:
 
 import numpy as np
 import pytest
+import torch
 
 from model_fixtures import FAMILIES, N_TOKENS, files, reference, write_f16
 from samplechain.gguf import GGUFFile
@@ -25,14 +27,24 @@ from samplechain.runtime.weights import WeightLoader
 
 EXACT_BOUND = 0.002  # max |ours - llama.cpp's float path| / logit spread
 QUANT_BOUND = 0.015  # max |ours - llama.cpp's quantized path| / logit spread
-KERNELS = ["torch-dense", *(f"c-{isa}" for isa in cpu_engine.supported_isas())]
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+CUDA_KERNELS = ["cuda-eager", "cuda-graph"]
+CPU_KERNELS = ["torch-dense", *(f"c-{isa}" for isa in cpu_engine.supported_isas())]
+KERNELS = [*CPU_KERNELS, *(pytest.param(k, marks=needs_cuda) for k in CUDA_KERNELS)]
+
+
+def transformer(path, kernel):
+    """The file's model on ``kernel``: CUDA kernels hold float32 weights on the GPU."""
+    g = GGUFFile(path)
+    device = torch.device("cuda") if kernel in CUDA_KERNELS else None
+    loader = WeightLoader(g, int4=kernel != "torch-dense", device=device)
+    return build_candidate(Transformer(ModelConfig.from_gguf(g), loader), kernel)
 
 
 def logits(path, tokens, kernel):
-    g = GGUFFile(path)
-    t = build_candidate(Transformer(ModelConfig.from_gguf(g), WeightLoader(g, int4=kernel != "torch-dense")), kernel)
+    t = transformer(path, kernel)
     n = len(tokens)
-    return t.forward(t.new_cache(64), tokens, np.arange(n), [(0,)] * n, np.ones(n, dtype=bool)).numpy()
+    return t.forward(t.new_cache(64), tokens, np.arange(n), [(0,)] * n, np.ones(n, dtype=bool)).cpu().numpy()
 
 
 def spread(ref):
@@ -85,7 +97,7 @@ def test_compiled_engine_is_batch_invariant(family):
     ref = reference(family)
     tokens = ref["tokens"]
     g = GGUFFile(files(family)["Q4_K_M"])
-    t = build_candidate(Transformer(ModelConfig.from_gguf(g), WeightLoader(g)), KERNELS[-1])
+    t = build_candidate(Transformer(ModelConfig.from_gguf(g), WeightLoader(g)), CPU_KERNELS[-1])
     n = len(tokens)
     whole = t.forward(t.new_cache(64), tokens, np.arange(n), [(0,)] * n, np.ones(n, dtype=bool)).numpy()
     cache = t.new_cache(64)
@@ -97,6 +109,25 @@ def test_compiled_engine_is_batch_invariant(family):
         start = end
     assert start == n
     np.testing.assert_array_equal(np.concatenate(parts), whole)
+
+
+@needs_cuda
+@pytest.mark.parametrize("kernel", CUDA_KERNELS)
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_cuda_decode_steps_match_llama_cpp(family, kernel):
+    """Eight prompt tokens in one batch, then one token per step (on ``cuda-graph`` each step a replayed graph,
+    with sliding windows, soft-capping, biases, q/k norms and RoPE factors inside it): every step's logits are
+    llama.cpp's on the same weights."""
+    ref = reference(family)
+    tokens, exact = ref["tokens"], ref["logits"]["Q8_0_F32"]
+    t = transformer(files(family)["Q8_0"], kernel)
+    cache, first = t.new_cache(64), 8
+    rows = [t.forward(cache, tokens[:first], np.arange(first), [(0,)] * first, np.ones(first, dtype=bool))]
+    for i in range(first, len(tokens)):
+        rows.append(t.forward(cache, tokens[i:i + 1], np.array([i]), [(0,)], np.ones(1, dtype=bool)))
+    ours = torch.cat(rows).cpu().numpy()
+    np.testing.assert_array_equal(ours.argmax(-1), exact.argmax(-1))
+    assert np.abs(ours - exact).max() <= EXACT_BOUND * spread(exact)
 
 
 def test_rope_per_layer_as_llama_cpp_picks_it():
