@@ -133,3 +133,13 @@ def test_a_failed_measurement_ends_its_line(fake, monkeypatch, capsys):
 def test_the_packaged_models_cache_key(smol):
     assert K.shape_key(smol.transformer) == (
         "L30 qkv 960x576 Q4_1, wo 576x576 Q4_1, gate_up 3072x576 Q4_1, down 576x1536 Q4_1, output 49152x576 Q8_0")
+
+
+def test_cuda_graph_spans_cover_the_cells_in_use():
+    """A decode graph attends over the first 256, 1024, 4096, ... cells, the smallest span that holds the cells in
+    use, and never past the cache (its cells a multiple of 256, the spare cell last)."""
+    from samplechain.runtime.cuda_graphs import span_of
+
+    assert [span_of(n, 4352) for n in (1, 256, 257, 1024, 1025, 4096, 4097, 4351)] == [
+        256, 256, 1024, 1024, 4096, 4096, 4352, 4352]
+    assert [span_of(n, 512) for n in (1, 300, 511)] == [256, 512, 512]
