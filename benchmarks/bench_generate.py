@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from samplechain import SamplingParams
+from samplechain.device.profile import kernel_table
 from samplechain.runtime import Context, load_model, model_path
 from samplechain.runtime import kernels as K
 from samplechain.runtime.cpu_engine import CEngine, supported_isas
@@ -328,11 +329,11 @@ def _sync():
     torch.cuda.synchronize()
 
 
-def cuda_single(model, tokens, n_decode):
+def cuda_single(model, tokens, n_decode, **sampling):
     """Single-stream generation with the default chain (sampled on the CPU): tok/s by the wall clock from the first
     generated token to the last (as ``llama_decode_rate``), the median of 3 runs, and the timings' split of a step
     into the forward (with the logits' copy to the host) and sampling, in ms."""
-    params = SamplingParams(seed=1234, ignore_eos=True)
+    params = SamplingParams(seed=1234, ignore_eos=True, **sampling)
     for _ in model.generate(tokens[:8], params, n_predict=8):
         pass  # graphs captured, cuBLAS warm
     rates, splits = [], []
@@ -366,12 +367,7 @@ def cuda_step_profile(model, tokens):
         _sync()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     gpu_ms = sum(e.device_time for e in kernels) / 1e3
-    by_name: dict[str, list[float]] = {}
-    for e in kernels:
-        by_name.setdefault(e.name[:90], []).append(e.device_time)
-    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:15]
-    lines = [f"  {len(ts):4d} x {sum(ts) / len(ts):7.2f} us  {name}" for name, ts in top]
-    return len(kernels), gpu_ms, 1e3 * statistics.median(walls[2:]), "\n".join(lines)
+    return len(kernels), gpu_ms, 1e3 * statistics.median(walls[2:]), kernel_table(kernels)
 
 
 def llama_cuda(path, tokens, n_decode):
@@ -481,12 +477,17 @@ def cuda(args):
         print(f"{what:<22} " + " ".join(f"{row[k]:15.1f}" for k in kernels) + f" {hf_s} {ratio}")
     print(f"{'step ms: forward':<22} " + " ".join(f"{single[k][1][0]:15.3f}" for k in kernels))
     print(f"{'step ms: sampling':<22} " + " ".join(f"{single[k][1][1]:15.3f}" for k in kernels))
+    fastest = max(single, key=lambda k: single[k][0])
     profiles = {k: cuda_step_profile(m, tokens) for k, m in models.items()}
     print(f"{'kernels per step':<22} " + " ".join(f"{profiles[k][0]:15d}" for k in kernels))
     print(f"{'GPU ms per step':<22} " + " ".join(f"{profiles[k][1]:15.3f}" for k in kernels))
     print(f"{'step wall ms':<22} " + " ".join(f"{profiles[k][2]:15.3f}" for k in kernels))
-    print(f"kernels of one cuda-graph step, by GPU time:\n{profiles['cuda-graph'][3]}")
-    best = max(v[0] for v in single.values())
+    print(f"kernels of one {fastest} step, by GPU time:\n{profiles[fastest][3]}")
+    best = single[fastest][0]
+    on_gpu = attempt(cuda_single, models[fastest], tokens, args.n, backend_sampling=True, backend_dist=True)
+    if on_gpu is not None:
+        print(f"ours ({fastest}), the chain sampled on the GPU (--backend-sampling --backend-dist): "
+              f"{on_gpu[0]:.1f} tok/s" + (f"; / llama.cpp's same loop = {on_gpu[0] / lc:.2f}" if lc else ""))
     for name, rate in (("llama.cpp CUDA, same loop (llama-cpp-python generate)", lc), ("llama-bench tg", lb)):
         if rate is None:
             print(f"{name}: not available")

@@ -70,7 +70,13 @@ def loaded(name: str):
 def _packaged_files() -> dict[str, str]:
     from samplechain.runtime.generation import model_path
 
-    return {os.path.realpath(model_path(name)): name for name in PACKAGED}
+    files = {}
+    for name in PACKAGED:
+        try:
+            files[os.path.realpath(model_path(name))] = name
+        except FileNotFoundError:  # its package is not installed (the GPU machine has no Gemma)
+            pass
+    return files
 
 
 def _packaged_name(path) -> str | None:

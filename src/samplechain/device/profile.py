@@ -27,6 +27,7 @@ class StepCounts:
     ops_nested: float
     syncs: float
     kernels: float
+    sync_calls: tuple[tuple[str, float], ...] = ()  # on CUDA: each synchronising call's count per step
 
 
 def step_counts(sampler: object, logits: torch.Tensor, steps: int = 5) -> StepCounts:
@@ -37,15 +38,33 @@ def step_counts(sampler: object, logits: torch.Tensor, steps: int = 5) -> StepCo
     with profile(activities=activities) as prof:
         for _ in range(steps):
             sampler.sample(logits)
-        if cuda:
+        if cuda:  # the profile's own: every kernel done before it stops (not counted below)
             torch.cuda.synchronize(logits.device)
     events = prof.events()
     aten = [e for e in events if e.name.startswith("aten::")]
     top = [e for e in aten if not _inside_aten(e)]
     reads = sum(e.name in HOST_READS and not _inside_aten(e) for e in events)
-    syncs = sum(e.name in CUDA_SYNCS for e in events) if cuda else reads
+    calls: dict[str, int] = {}
+    for e in events:
+        if cuda and e.name in CUDA_SYNCS:
+            calls[e.name] = calls.get(e.name, 0) + 1
+    if calls.get("cudaDeviceSynchronize"):
+        calls["cudaDeviceSynchronize"] -= 1
+    syncs = sum(calls.values()) if cuda else reads
     kernels = sum(e.device_type == torch.autograd.DeviceType.CUDA for e in events) if cuda else 0
-    return StepCounts(len(top) / steps, len(aten) / steps, syncs / steps, kernels / steps)
+    return StepCounts(len(top) / steps, len(aten) / steps, syncs / steps, kernels / steps,
+                      tuple((name, n / steps) for name, n in sorted(calls.items()) if n))
+
+
+def kernel_table(events: list, steps: int = 1, top: int = 15) -> str:
+    """The CUDA kernels among profiler ``events``, the ``top`` by GPU time: per step, how many launches, their mean
+    time (us) and the kernel's name (cut at 90 characters)."""
+    by_name: dict[str, list[float]] = {}
+    for e in events:
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            by_name.setdefault(e.name[:90], []).append(e.device_time)
+    rows = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return "\n".join(f"  {len(ts) / steps:5.1f} x {sum(ts) / len(ts):7.2f} us  {name}" for name, ts in rows)
 
 
 def _inside_aten(e: object) -> bool:
