@@ -484,7 +484,7 @@ def cuda(args):
     print(f"{'step wall ms':<22} " + " ".join(f"{profiles[k][2]:15.3f}" for k in kernels))
     print(f"kernels of one {fastest} step, by GPU time:\n{profiles[fastest][3]}")
     best = single[fastest][0]
-    on_gpu = attempt(cuda_single, models[fastest], tokens, args.n, backend_sampling=True, backend_dist=True)
+    on_gpu = attempt(lambda: cuda_single(models[fastest], tokens, args.n, backend_sampling=True, backend_dist=True))
     if on_gpu is not None:
         print(f"ours ({fastest}), the chain sampled on the GPU (--backend-sampling --backend-dist): "
               f"{on_gpu[0]:.1f} tok/s" + (f"; / llama.cpp's same loop = {on_gpu[0] / lc:.2f}" if lc else ""))

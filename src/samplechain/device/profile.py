@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
 # torch operations whose result the host must wait for (each is a synchronisation on CUDA), and the step's transfer
 HOST_READS = frozenset({"samplechain::to_host", "aten::item", "aten::_local_scalar_dense", "aten::nonzero",
@@ -31,29 +31,32 @@ class StepCounts:
 
 
 def step_counts(sampler: object, logits: torch.Tensor, steps: int = 5) -> StepCounts:
-    """Profile ``steps`` calls of ``sampler.sample(logits)`` (which accept their tokens) after one warm-up call."""
-    sampler.sample(logits)
+    """Profile ``steps`` calls of ``sampler.sample(logits)`` (which accept their tokens) after two warm-up calls (on
+    CUDA the second captures the step's graph). Synchronising calls are counted inside the steps only (the
+    profiler's own, at its end, are not the step's)."""
+    for _ in range(2):
+        sampler.sample(logits)
     cuda = logits.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
-        for _ in range(steps):
-            sampler.sample(logits)
-        if cuda:  # the profile's own: every kernel done before it stops (not counted below)
+        with record_function("samplechain::steps"):
+            for _ in range(steps):
+                sampler.sample(logits)
+        if cuda:  # every kernel done before the profile stops
             torch.cuda.synchronize(logits.device)
     events = prof.events()
+    window = next(e.time_range for e in events if e.name == "samplechain::steps")
     aten = [e for e in events if e.name.startswith("aten::")]
     top = [e for e in aten if not _inside_aten(e)]
     reads = sum(e.name in HOST_READS and not _inside_aten(e) for e in events)
     calls: dict[str, int] = {}
     for e in events:
-        if cuda and e.name in CUDA_SYNCS:
+        if cuda and e.name in CUDA_SYNCS and window.start <= e.time_range.start <= window.end:
             calls[e.name] = calls.get(e.name, 0) + 1
-    if calls.get("cudaDeviceSynchronize"):
-        calls["cudaDeviceSynchronize"] -= 1
     syncs = sum(calls.values()) if cuda else reads
     kernels = sum(e.device_type == torch.autograd.DeviceType.CUDA for e in events) if cuda else 0
     return StepCounts(len(top) / steps, len(aten) / steps, syncs / steps, kernels / steps,
-                      tuple((name, n / steps) for name, n in sorted(calls.items()) if n))
+                      tuple((name, n / steps) for name, n in sorted(calls.items())))
 
 
 def kernel_table(events: list, steps: int = 1, top: int = 15) -> str:

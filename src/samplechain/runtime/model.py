@@ -27,7 +27,6 @@ from samplechain.runtime.weights import Linear, WeightLoader
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
 ATTN_CHUNK = 256  # cells per partial sum of attention on CUDA; CUDA caches have a multiple of it
-FUSED_CELLS = 1024  # on CUDA, attention over at most this many cells (a multiple of 16) is one fused kernel
 
 
 class Engine(Protocol):
@@ -243,12 +242,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
            scale: float, softcap: float = 0.0) -> torch.Tensor:
     """Attention of queries q [n, heads, d] over keys/values [kv_heads, cells, d] -> [n, heads * d].
 
-    On the CPU, torch's fused attention with a boolean ``mask`` [n, cells]. On CUDA ``mask`` is ``attention_bias``'s
-    additive form, and the fused kernel runs up to ``FUSED_CELLS`` cells: it parallelises over queries and heads
-    only, which would leave a decode step (one query per sequence) with a handful of thread blocks walking
-    thousands of cells; there matrix products over the cells, the query heads of each KV head grouped, keep the GPU
-    busy. ``softcap`` (Gemma 2) caps the scaled scores
-    at ``softcap * tanh(score / softcap)`` before the softmax."""
+    On the CPU, torch's fused attention with a boolean ``mask`` [n, cells]. On CUDA its kernels parallelise over
+    queries and heads only, which leaves a decode step (one query per sequence) with a handful of thread blocks
+    walking the cells (its float32 kernel took 31 us per layer of a SmolLM2 decode step over 256 cells on an H200,
+    the three products below 18 us over 4,352); there matrix products over the cells, the query heads of each KV
+    head grouped, keep the GPU busy, and ``mask`` is ``attention_bias``'s additive form. ``softcap`` (Gemma 2) caps
+    the scaled scores at ``softcap * tanh(score / softcap)`` before the softmax."""
     n, heads, d = q.shape
     kv_heads = k.shape[0]
     if softcap and q.device.type != "cuda":
@@ -263,15 +262,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
                                              enable_gqa=heads != kv_heads)
         return att[0].transpose(0, 1).reshape(n, heads * d)
     group = heads // kv_heads
-    cells = k.shape[1]
-    if not softcap and cells <= FUSED_CELLS and cells % 16 == 0:
-        # few cells (a decode graph's first spans): torch's fused attention, one kernel where the products below
-        # are three (cuBLAS runs a decode step's [3 x 256] @ [256 x 64] as a few thread blocks: 11 us on an H200);
-        # the additive mask's first n rows are the [n, cells] mask (``attention_bias`` repeats it per group)
-        kk, vv = (k, v) if group == 1 else (k.repeat_interleave(group, 0), v.repeat_interleave(group, 0))
-        att = F.scaled_dot_product_attention(q.transpose(0, 1)[None], kk[None], vv[None],
-                                             attn_mask=None if mask is None else mask[:n], scale=scale)
-        return att[0].transpose(0, 1).reshape(n, heads * d)
     qg = q.view(n, kv_heads, group, d).permute(1, 2, 0, 3).reshape(kv_heads, group * n, d)
     if softcap:
         scores = torch.tanh(torch.bmm(qg, k.transpose(1, 2)) * (scale / softcap)) * softcap
@@ -281,7 +271,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     else:
         scores = torch.baddbmm(mask.expand(kv_heads, -1, -1), qg, k.transpose(1, 2), alpha=scale)
     probs = torch.softmax(scores, dim=-1)  # [kv_heads, group * n, cells]
-    rows = group * n
+    cells, rows = k.shape[1], group * n
     if cells % ATTN_CHUNK == 0 and cells > ATTN_CHUNK:
         # split the sum over cells into chunks, each its own matrix product (cuBLAS would give a product this
         # narrow one thread block per head, walking every cell), then add the chunks
