@@ -26,8 +26,7 @@ from samplechain.runtime.kv_cache import KVCache
 from samplechain.runtime.weights import Linear, WeightLoader
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
-ATTN_CHUNK = 256  # CUDA caches have a multiple of this many cells, and decode graphs attend over such spans
-ATTN_SPLIT = 64  # cells per partial sum of attention on CUDA (a divisor of ATTN_CHUNK)
+ATTN_CHUNK = 256  # cells per partial sum of attention on CUDA; CUDA caches and decode graphs' spans are multiples
 
 
 class Engine(Protocol):
@@ -273,12 +272,13 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         scores = torch.baddbmm(mask.expand(kv_heads, -1, -1), qg, k.transpose(1, 2), alpha=scale)
     probs = torch.softmax(scores, dim=-1)  # [kv_heads, group * n, cells]
     cells, rows = k.shape[1], group * n
-    if cells % ATTN_SPLIT == 0 and cells > ATTN_SPLIT:
+    if cells % ATTN_CHUNK == 0 and cells > ATTN_CHUNK:
         # split the sum over cells into chunks, each its own matrix product (cuBLAS would give a product this
-        # narrow one thread block per head, walking every cell), then add the chunks
-        c = cells // ATTN_SPLIT
-        p = probs.view(kv_heads, rows, c, ATTN_SPLIT).transpose(1, 2).reshape(kv_heads * c, rows, ATTN_SPLIT)
-        out = torch.bmm(p, v.reshape(kv_heads * c, ATTN_SPLIT, d)).view(kv_heads, c, rows, d).sum(1)
+        # narrow one thread block per head, walking every cell), then add the chunks (64-cell chunks were slower
+        # on an H200: the copy and the sum cost more than the shorter products saved)
+        c = cells // ATTN_CHUNK
+        p = probs.view(kv_heads, rows, c, ATTN_CHUNK).transpose(1, 2).reshape(kv_heads * c, rows, ATTN_CHUNK)
+        out = torch.bmm(p, v.reshape(kv_heads * c, ATTN_CHUNK, d)).view(kv_heads, c, rows, d).sum(1)
     else:
         out = torch.bmm(probs, v)
     return out.view(kv_heads, group, n, d).permute(2, 0, 1, 3).reshape(n, heads * d)
