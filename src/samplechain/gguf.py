@@ -7,12 +7,14 @@ default model takes a few milliseconds. Dequantization uses the `gguf` package's
 
 from __future__ import annotations
 
+import array
 import mmap
 import os
 import re
 import struct
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -75,11 +77,68 @@ class TensorInfo:
         return self.n_elements // block * size
 
 
-class _Cursor:
-    """Reads little-endian values from a bytes-like buffer, with bounds checks that name the problem."""
+LAZY_STRINGS = 4096  # string arrays longer than this (a vocabulary's tokens and merges) are read on access
 
-    def __init__(self, buf: memoryview, path: str) -> None:
-        self.buf, self.pos, self.path = buf, 0, path
+
+class StringArray(Sequence[str]):
+    """A long GGUF string array read from the memory-mapped file on access: a vocabulary's 128k tokens and 280k
+    merges held as Python strings take about 35 MB, and once the tokenizer is built from them nothing needs them.
+    ``starts[i]``: where string i begins in the file; it ends 8 bytes (the next one's length) before the next."""
+
+    __slots__ = ("_end", "_map", "_starts")
+
+    def __init__(self, source: mmap.mmap, starts: np.ndarray, end: int) -> None:
+        self._map, self._starts, self._end = source, starts, end
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def _span(self, i: int) -> tuple[int, int]:
+        n = len(self._starts)
+        if not -n <= i < n:
+            raise IndexError("string array index out of range")
+        i %= n
+        return int(self._starts[i]), self._end if i == n - 1 else int(self._starts[i + 1]) - 8
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        start, end = self._span(i)
+        return self._map[start:end].decode("utf-8", errors="surrogateescape")
+
+    def __iter__(self) -> Iterator[str]:
+        if not len(self._starts):
+            return
+        base = int(self._starts[0])
+        raw = self._map[base:self._end]  # one read of the span, then slices of it
+        starts = (self._starts - base).tolist()
+        ends = [s - 8 for s in starts[1:]] + [self._end - base]
+        for start, end in zip(starts, ends, strict=True):
+            yield raw[start:end].decode("utf-8", errors="surrogateescape")
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (StringArray, list, tuple)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"StringArray({len(self)} strings)"
+
+
+class _Cursor:
+    """Reads little-endian values from a bytes-like buffer, with bounds checks that name the problem. With a
+    ``source`` (the file's map, whose first bytes ``buf`` copies), long string arrays are ``StringArray``s of it."""
+
+    def __init__(self, buf: memoryview, path: str, source: mmap.mmap | None = None) -> None:
+        self.buf, self.pos, self.path, self.source = buf, 0, path, source
 
     def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > len(self.buf):
@@ -122,10 +181,24 @@ class _Cursor:
             return [self.value(etype, what) for _ in range(n)]
         raise GGUFError(f"{self.path}: unknown metadata type {vtype} in {what}")
 
-    def strings(self, n: int, what: str) -> list[str]:
-        buf, pos, out = self.buf, self.pos, []
+    def strings(self, n: int, what: str) -> list[str] | StringArray:
+        buf, pos = self.buf, self.pos
         unpack = struct.Struct("<Q").unpack_from
         end = len(buf)
+        if self.source is not None and n > LAZY_STRINGS:
+            starts = array.array("q")
+            for _ in range(n):
+                if pos + 8 > end:
+                    raise GGUFError(f"{self.path}: truncated while reading {what}")
+                (length,) = unpack(buf, pos)
+                pos += 8
+                if pos + length > end:
+                    raise GGUFError(f"{self.path}: truncated while reading {what}")
+                starts.append(pos)
+                pos += length
+            self.pos = pos
+            return StringArray(self.source, np.frombuffer(starts, dtype=np.int64), pos)
+        out = []
         raw = buf.obj if isinstance(buf.obj, bytes) else bytes(buf)  # slicing bytes is faster than a memoryview
         for _ in range(n):
             if pos + 8 > end:
@@ -215,7 +288,7 @@ class GGUFFile:
                 head = min(size, head * 4)
 
     def _parse_header(self, buf: memoryview, size: int) -> None:
-        cur = _Cursor(buf, self.path)
+        cur = _Cursor(buf, self.path, self._map)
         cur.need(4, "magic")
         if bytes(buf[:4]) != GGUF_MAGIC:
             raise GGUFError(f"{self.path}: not a GGUF file (magic {bytes(buf[:4])!r})")

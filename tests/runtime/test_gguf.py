@@ -35,6 +35,26 @@ def test_header_metadata_and_index(smol_path):
     assert g.tensors["blk.0.ffn_down.weight"].shape == (576, 1536)
 
 
+def test_long_string_arrays_are_read_from_the_file_on_access(smol_path):
+    """A vocabulary's tokens and merges stay in the mapped file (StringArray), equal to the gguf package's lists
+    item by item, by index (negative too), slice and iteration."""
+    import gguf
+
+    from samplechain.gguf import StringArray
+
+    g = GGUFFile(smol_path)
+    ref = gguf.GGUFReader(smol_path)
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+        got, want = g.metadata[key], ref.fields[key].contents()
+        assert isinstance(got, StringArray) and len(got) == len(want)
+        assert list(got) == want and got == want and got != want[:-1]
+        assert (got[0], got[-1], got[1234], got[-2:]) == (want[0], want[-1], want[1234], want[-2:])
+        with pytest.raises(IndexError):
+            got[len(want)]
+    assert g.metadata["tokenizer.ggml.tokens"][1] == "<|im_start|>"
+    assert g.metadata["tokenizer.ggml.merges"][0] == "Ġ t"
+
+
 def test_dequantize_matches_block_formula(smol_path):
     g = GGUFFile(smol_path)
     raw = g.raw("blk.0.attn_k.weight")  # Q4_1: d f16, m f16, 16 bytes of nibbles per 32 weights

@@ -262,5 +262,6 @@ def load_model(path: str | os.PathLike[str] | None = None, *, device: str | torc
     vocab = Vocab.from_gguf(gguf)
     if vocab.n_tokens != config.n_vocab:
         raise ValueError(f"{resolved}: vocabulary has {vocab.n_tokens} tokens, the model {config.n_vocab}")
+    gguf.release_pages()  # the header and whatever the load read stay in the page cache, not in our memory
     return Model(resolved, gguf, transformer, vocab, (time.perf_counter() - start) * 1e3)
 
