@@ -97,6 +97,17 @@ def test_split_batches_equal_one_batch(engine_model):
     assert torch.equal(one, split)
 
 
+def test_long_prompts_pass_the_feed_forward_in_chunks_with_the_same_bits(engine_model):
+    """600 tokens in one forward run the feed-forward 256 tokens at a time (its buffers stay small): every row has
+    the bits of the same tokens in forwards of 100 (one pass each)."""
+    name, model, t = engine_model
+    tokens = (model.tokenize(TEXT[name] + OTHER) * 40)[:600]
+    outputs = [i % 37 == 0 or i >= 597 for i in range(600)]
+    one = Context(t, 1024).decode(tokens, outputs=outputs)
+    split = Context(t, 1024, n_batch=100).decode(tokens, outputs=outputs)
+    assert one.shape[0] == sum(outputs) and torch.equal(one, split)
+
+
 def test_kernel_variants_give_the_same_bits(engine_model):
     name, model, t = engine_model
     tokens = model.tokenize(TEXT[name])[:12]

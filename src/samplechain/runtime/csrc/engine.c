@@ -1977,12 +1977,6 @@ static int attention(const sc_model *M, int n, const float *qkv, int stride, con
     return 0;
 }
 
-static size_t max_in(const sc_model *M) {
-    int a = M->n_embd, b = M->n_head * M->head_dim, c = M->n_ff;
-    int m = a > b ? a : b;
-    return (size_t)(m > c ? m : c);
-}
-
 /* The per-token steps between the matrix products, one token per item of a parallel loop (each token's values are
    its own: the bits do not depend on how the tokens are shared out) */
 enum { STEP_ATTN_NORM, STEP_QKV, STEP_ATTN_OUT, STEP_ACT, STEP_FFN_OUT };
@@ -2063,17 +2057,29 @@ static void per_token(token_job *J, int step, int n, int nt) {
    rope cos/sin [2][n, head_dim/2] (global base, sliding base); kc/vc: the cache [n_layer, n_head_kv, kv_size, hd]
    (floats, or halves: M->kv_f16); rows [n_out]: tokens whose logits are wanted, written to logits [n_out, n_vocab].
    Returns 0, or -1 (memory). */
+/* tokens per pass through the feed-forward: its [tokens, 2 * n_ff] products are the forward's largest buffers (64 MB
+   for a 512-token prompt of a 1B model in one pass); each token's values are its own, so the bits do not change */
+#define FFN_CHUNK 256
+
+static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
+static size_t round_up(size_t a, size_t m) { return (a + m - 1) / m * m; }
+
 int sc_forward(const sc_model *M, int n, float *x, const int64_t *cells, int n_kv, const uint8_t *mask_global,
                const uint8_t *mask_swa, const float *cos_global, const float *sin_global, const float *cos_swa,
                const float *sin_swa, void *kc, void *vc, const int64_t *rows, int n_out, float *logits, int nt) {
     int E = M->n_embd, H = M->n_head, Hkv = M->n_head_kv, hd = M->head_dim, F = M->n_ff;
     int qd = H * hd, kd = Hkv * hd, qkv_n = qd + 2 * kd;
-    size_t mi = max_in(M);
-    size_t big = (size_t)n * (qkv_n > 2 * F ? qkv_n : 2 * F);
-    float *h = malloc(sizeof(float) * (size_t)n * mi), *t1 = malloc(sizeof(float) * big);
-    float *t2 = malloc(sizeof(float) * (size_t)n * mi);
+    int nf = n < FFN_CHUNK ? n : FFN_CHUNK;  /* the feed-forward's tokens per pass */
+    /* the activations' scratch holds n tokens of the attention's inputs and nf of the feed-forward's: n rows of
+       `width` values (its scales in AMX groups of rows) hold both */
+    size_t pad_n = round_up((size_t)n, AMX_ROWS), pad_f = round_up((size_t)nf, AMX_ROWS);
+    size_t ffn_width = max_size((pad_f * F + pad_n - 1) / pad_n, ((size_t)nf * F + n - 1) / n);
+    size_t width = max_size(max_size((size_t)E, (size_t)qd), round_up(ffn_width, QK));
+    float *h = malloc(sizeof(float) * (size_t)n * E);
+    float *t1 = malloc(sizeof(float) * max_size((size_t)n * qkv_n, (size_t)nf * 2 * F));
+    float *t2 = malloc(sizeof(float) * max_size((size_t)n * qd, (size_t)nf * F));
     q16_rows q;
-    int ok = q16_alloc(&q, n, mi, M->isa) == 0 && h && t1 && t2;
+    int ok = q16_alloc(&q, n, width, M->isa) == 0 && h && t1 && t2;
     for (int l = 0; ok && l < M->n_layer; l++) {
         const sc_layer *L = &M->layers[l];
         const uint8_t *mask = L->swa ? mask_swa : mask_global;
@@ -2089,10 +2095,15 @@ int sc_forward(const sc_model *M, int n, float *x, const int64_t *cells, int n_k
         }
         linear(&L->wo, n, t2, &q, h, M->isa, nt);
         per_token(&J, STEP_ATTN_OUT, n, nt);
-        linear(&L->gate_up, n, h, &q, t1, M->isa, nt);
-        per_token(&J, STEP_ACT, n, nt);
-        linear(&L->down, n, t2, &q, h, M->isa, nt);
-        per_token(&J, STEP_FFN_OUT, n, nt);
+        for (int s = 0; s < n; s += nf) {  /* the feed-forward, nf tokens at a time (t1, t2 hold one pass) */
+            int c = n - s < nf ? n - s : nf;
+            token_job P = J;
+            P.x = x + (size_t)s * E, P.h = h + (size_t)s * E;
+            linear(&L->gate_up, c, P.h, &q, t1, M->isa, nt);
+            per_token(&P, STEP_ACT, c, nt);
+            linear(&L->down, c, t2, &q, P.h, M->isa, nt);
+            per_token(&P, STEP_FFN_OUT, c, nt);
+        }
     }
     if (ok) {
         for (int i = 0; i < n_out; i++) rms_norm(x + (size_t)rows[i] * E, M->output_norm, h + (size_t)i * E, E, M->eps);
