@@ -2053,10 +2053,6 @@ static void per_token(token_job *J, int step, int n, int nt) {
     parallel_for(n, n > 1 ? SPLIT_BATCH : SPLIT_ONE, nt, token_steps, J);  /* one token: on the calling thread */
 }
 
-/* x [n, n_embd] (embeddings, modified); cells [n]: where each token's K/V go; masks [2][n, n_kv] (global, sliding);
-   rope cos/sin [2][n, head_dim/2] (global base, sliding base); kc/vc: the cache [n_layer, n_head_kv, kv_size, hd]
-   (floats, or halves: M->kv_f16); rows [n_out]: tokens whose logits are wanted, written to logits [n_out, n_vocab].
-   Returns 0, or -1 (memory). */
 /* tokens per pass through the feed-forward: its [tokens, 2 * n_ff] products are the forward's largest buffers (64 MB
    for a 512-token prompt of a 1B model in one pass); each token's values are its own, so the bits do not change */
 #define FFN_CHUNK 256
@@ -2064,6 +2060,10 @@ static void per_token(token_job *J, int step, int n, int nt) {
 static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 static size_t round_up(size_t a, size_t m) { return (a + m - 1) / m * m; }
 
+/* x [n, n_embd] (embeddings, modified); cells [n]: where each token's K/V go; masks [2][n, n_kv] (global, sliding);
+   rope cos/sin [2][n, head_dim/2] (global base, sliding base); kc/vc: the cache [n_layer, n_head_kv, kv_size, hd]
+   (floats, or halves: M->kv_f16); rows [n_out]: tokens whose logits are wanted, written to logits [n_out, n_vocab].
+   Returns 0, or -1 (memory). */
 int sc_forward(const sc_model *M, int n, float *x, const int64_t *cells, int n_kv, const uint8_t *mask_global,
                const uint8_t *mask_swa, const float *cos_global, const float *sin_global, const float *cos_swa,
                const float *sin_swa, void *kc, void *vc, const int64_t *rows, int n_out, float *logits, int nt) {
