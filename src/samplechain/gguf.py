@@ -182,24 +182,11 @@ class _Cursor:
         raise GGUFError(f"{self.path}: unknown metadata type {vtype} in {what}")
 
     def strings(self, n: int, what: str) -> list[str] | StringArray:
+        """``n`` strings: a ``StringArray`` of the file where there is one and they are many, else a list."""
         buf, pos = self.buf, self.pos
         unpack = struct.Struct("<Q").unpack_from
         end = len(buf)
-        if self.source is not None and n > LAZY_STRINGS:
-            starts = array.array("q")
-            for _ in range(n):
-                if pos + 8 > end:
-                    raise GGUFError(f"{self.path}: truncated while reading {what}")
-                (length,) = unpack(buf, pos)
-                pos += 8
-                if pos + length > end:
-                    raise GGUFError(f"{self.path}: truncated while reading {what}")
-                starts.append(pos)
-                pos += length
-            self.pos = pos
-            return StringArray(self.source, np.frombuffer(starts, dtype=np.int64), pos)
-        out = []
-        raw = buf.obj if isinstance(buf.obj, bytes) else bytes(buf)  # slicing bytes is faster than a memoryview
+        starts = array.array("q")
         for _ in range(n):
             if pos + 8 > end:
                 raise GGUFError(f"{self.path}: truncated while reading {what}")
@@ -207,10 +194,14 @@ class _Cursor:
             pos += 8
             if pos + length > end:
                 raise GGUFError(f"{self.path}: truncated while reading {what}")
-            out.append(raw[pos:pos + length].decode("utf-8", errors="surrogateescape"))
+            starts.append(pos)
             pos += length
         self.pos = pos
-        return out
+        if self.source is not None and n > LAZY_STRINGS:
+            return StringArray(self.source, np.frombuffer(starts, dtype=np.int64), pos)
+        raw = buf.obj if isinstance(buf.obj, bytes) else bytes(buf)  # slicing bytes is faster than a memoryview
+        ends = [s - 8 for s in starts[1:]] + [pos] if starts else []
+        return [raw[s:e].decode("utf-8", errors="surrogateescape") for s, e in zip(starts, ends, strict=True)]
 
 
 SPLIT_NAME = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$")  # llama.cpp's llama_split_path: prefix-00001-of-00003.gguf
