@@ -1,12 +1,16 @@
 """Median µs per token of ``chain.sample(logits)`` against llama.cpp's ``llama_sampler_apply``, same logits, warm
 and cold.
 
-What is timed: ours, ``chain.sample(x)``, which builds the candidates from the logits, applies the chain and
-accepts the token; llama.cpp's, its ``llama_sampler_apply`` call through llama-cpp-python alone (filling its
-candidate array from Python and the accept are left out, in its favour). Same inputs: before each timed call,
-that side's input is freshly written, as it is right after a model's forward pass (our logits buffer; llama.cpp's
-``llama_token_data`` array, filled from the same logits). Both chains have the same samplers, parameters and seeds,
-and the benchmark reports whether they selected the same tokens.
+What is timed: ours, ``chain.sample(x)``, which applies the chain to the logits and accepts the token (where the
+chain is one fused step starting with top-k, or greedy, that is one call of the compiled step, ``csrc/sampling.c``;
+otherwise the NumPy steps over ``Candidates``); llama.cpp's, its ``llama_sampler_apply`` call through
+llama-cpp-python alone (filling its candidate array from Python and the accept are left out, in its favour). Both
+are called from Python, each the way its users call it: ours a CPython extension function, llama.cpp's a ctypes
+function, whose call costs more when the caches are cold (about 30 µs against 8 µs for an empty function on the
+2-vCPU Xeon of docs/sampling.md); that difference is part of what each side's users get.
+Same inputs: before each timed call, that side's input is freshly written, as it is right after a model's forward
+pass (our logits buffer; llama.cpp's ``llama_token_data`` array, filled from the same logits). Both chains have the
+same samplers, parameters and seeds, and the benchmark reports whether they selected the same tokens.
 
 Two modes, both reported by default (``--mode`` picks one):
 

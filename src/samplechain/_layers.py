@@ -13,6 +13,7 @@ LAYERS: dict[str, frozenset[str]] = {
     # the bottom: no samplechain imports but _numeric
     "_layers": frozenset(),
     "_numeric": frozenset(),
+    "_native": frozenset(),
     "candidates": frozenset(),
     "rng": frozenset(),
     "rows": frozenset(),
@@ -23,7 +24,7 @@ LAYERS: dict[str, frozenset[str]] = {
     # token texts; the samplers read them (dry, infill)
     "vocab": frozenset({"gguf", "tokenizer"}),
     "samplers": frozenset({"candidates", "rows", "rng", "vocab", "validate"}),
-    "chain": frozenset({"samplers", "candidates"}),
+    "chain": frozenset({"samplers", "candidates", "_native"}),
     "grammar": frozenset({"vocab", "candidates", "samplers"}),
     "param_specs": frozenset({"samplers"}),
     "device": frozenset({"samplers", "rows", "candidates", "chain", "rng"}),

@@ -6,13 +6,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from operator import is_
 
 import numpy as np
 
+from samplechain import _native
 from samplechain.candidates import Candidates
 from samplechain.samplers._ops import softmax_values, top_k_order
-from samplechain.samplers.base import Sampler
+from samplechain.samplers.base import Sampler, changes
 from samplechain.samplers.probability_filters import (
     MinP,
     TopP,
@@ -21,7 +21,7 @@ from samplechain.samplers.probability_filters import (
     nucleus_size,
     nucleus_size_from_sums,
 )
-from samplechain.samplers.selectors import Dist
+from samplechain.samplers.selectors import Dist, Greedy
 from samplechain.samplers.temperature import DynamicTemperature, Temperature, divides
 from samplechain.samplers.truncation import TopK
 
@@ -49,6 +49,7 @@ class Chain(Sampler):
         self._plan_for: list[Sampler] = []  # the members the plan below was made for
         self._steps: list[Callable[[Candidates], None]] = []
         self._acceptors: list[Sampler] = []
+        self._whole: _FusedTail | _NativeGreedy | None = None  # the compiled form of a chain of one step
 
     def add(self, sampler: Sampler) -> None:
         if not isinstance(sampler, Sampler):
@@ -71,10 +72,12 @@ class Chain(Sampler):
         """The apply steps, (re)made when the members changed (``samplers`` is a public list): a fusable run
         of members becomes one step (see below), and only members with an ``accept`` are told of tokens."""
         samplers = self.samplers
-        plan_for = self._plan_for
-        if len(plan_for) != len(samplers) or not all(map(is_, plan_for, samplers)):
+        if self._plan_for != samplers:  # by identity: samplers define no equality
             self._plan_for = list(samplers)
             self._steps = _steps(self._plan_for)
+            only = self._plan_for[0] if len(self._steps) == 1 else None
+            self._whole = (self._steps[0] if type(self._steps[0]) is _FusedTail
+                           else _GREEDY if type(only) is Greedy else None) if only is not None else None
             self._acceptors = [s for s in samplers if type(s).accept is not Sampler.accept or "accept" in vars(s)]
         return self._steps
 
@@ -100,17 +103,28 @@ class Chain(Sampler):
 
     def __getstate__(self) -> dict:
         # the plan holds functions bound to these members: a copy makes its own from its own members
-        return {**self.__dict__, "_plan_for": [], "_steps": [], "_acceptors": []}
+        return {**self.__dict__, "_plan_for": [], "_steps": [], "_acceptors": [], "_whole": None}
 
     def clone(self) -> Chain:
         return Chain((s.clone() for s in self.samplers), perf=self.perf_enabled)
 
     def sample(self, logits: np.ndarray | Iterable[float]) -> int:
         """Build candidates from ``logits``, apply the chain, accept the selected token and return it."""
-        c = Candidates.from_logits(logits)
         perf = self.perf_enabled
         t0 = time.perf_counter() if perf else 0.0
-        for step in self._plan():  # apply() and accept() in one, as this is the per-token path
+        steps = self._plan()
+        whole = self._whole
+        if whole is not None:  # one compiled call where it can (the same token and draws as the steps)
+            token = whole.sample(logits, None)
+            if token >= 0:
+                for s in self._acceptors:
+                    s.accept(token)
+                if perf:
+                    self._t_us += (time.perf_counter() - t0) * 1e6
+                self._n_sample += 1
+                return token
+        c = Candidates.from_logits(logits)
+        for step in steps:  # apply() and accept() in one, as this is the per-token path
             step(c)
         selected = c.selected
         if not 0 <= selected < len(c):
@@ -122,6 +136,23 @@ class Chain(Sampler):
             self._t_us += (time.perf_counter() - t0) * 1e6
         self._n_sample += 1
         return token
+
+    def select_whole(self, logits: object) -> tuple[int, Callable[[], Candidates]] | None:
+        """:meth:`apply` on fresh candidates of ``logits`` in one compiled call, where the chain is one fused step
+        and that applies: the selected token (not accepted) and a function building the candidates the members
+        would leave (probabilities included); None otherwise (use :meth:`apply`)."""
+        if self.perf_enabled or type(logits) is not np.ndarray:
+            return None
+        self._plan()
+        whole = self._whole
+        if type(whole) is not _FusedTail or whole.top_k is None or whole.top_k.k < 1:
+            return None
+        width = min(whole.top_k.k, logits.size)
+        out = np.empty(2 + 3 * width, dtype=np.int32)
+        token = whole.sample(logits, out)
+        if token < 0:
+            return None
+        return token, lambda: _FusedTail.candidates_from(out)
 
     @property
     def perf(self) -> PerfCounters:
@@ -194,12 +225,15 @@ class _FusedTail:
     """One step for  [top-k] [top-p] [min-p] [temperature] dist  (see above); members are read on every call,
     so changed parameters take effect as they would in the members' own ``apply``."""
 
-    __slots__ = ("_divisors", "dist", "min_p", "temp", "top_k", "top_p")
+    __slots__ = ("_divisors", "_params", "_rng", "_seen", "dist", "min_p", "temp", "top_k", "top_p")
 
     def __init__(self, top_k: TopK | None, top_p: TopP | None, min_p: MinP | None,
                  temp: Temperature | DynamicTemperature | None, dist: Dist) -> None:
         self.top_k, self.top_p, self.min_p, self.temp, self.dist = top_k, top_p, min_p, temp, dist
         self._divisors = (None, None)  # (t, [[1], [t]] in binary32)
+        self._seen = -1  # samplers.base.changes when _params was made
+        self._params: tuple | None = None
+        self._rng = dist.rng
 
     def __call__(self, c: Candidates) -> None:
         n = len(c)
@@ -223,6 +257,64 @@ class _FusedTail:
                     s.apply(c)
             return
         self._sorted(c, ids, x)
+
+    def sample(self, logits: object, out: np.ndarray | None) -> int:
+        """The step on full-vocabulary ``logits`` in one call of the compiled step (``csrc/sampling.c``): the
+        selected token, or -1 where that does not apply (no compiled step, logits that are not a binary32
+        vector, no top-k or k > 2048, a dynamic temperature, and inputs the NumPy step handles: NaN, every
+        candidate masked, an overflowing temperature), with the generator as it was. ``out``, when given (an
+        int32 array of ``2 + 3 * min(k, len(logits))``), receives the candidates (:meth:`candidates_from`).
+
+        The members' parameters are read again only when one of them was assigned (``samplers.base.changes``):
+        cold, as after a forward pass, each Python operation costs microseconds."""
+        if self._seen != changes[0]:
+            self._params = self._native_params()
+            self._seen = changes[0]
+        params = self._params
+        if params is None:
+            return -1
+        rng = self._rng
+        at = rng._pos  # the dist generator's buffered words (rng.py): the step reads two of them
+        words = rng._buf
+        if at + 2 > len(words):  # one draw in 312: the words run out, the generator draws
+            mark = rng.mark()
+            token = params[0](logits, params[1], None, rng.uniform_double(), out)
+            if token < 0:
+                rng.rewind(mark)
+            return token
+        token = params[0](logits, params[1], words, at, out)
+        if token >= 0:
+            rng._pos = at + 2
+        return token
+
+    def _native_params(self) -> tuple | None:
+        """(the compiled step, its parameters) for the members as they are now, or None where it does not apply."""
+        native = _native.sampling()
+        top_k, top_p, min_p, temp = self.top_k, self.top_p, self.min_p, self.temp
+        self._rng = self.dist.rng
+        if native is None or top_k is None or top_k.disabled:
+            return None
+        t = None
+        if temp is not None and not temp.disabled:
+            if type(temp) is DynamicTemperature and float(temp.delta) > 0.0:
+                return None
+            t = float(temp.t)
+        p_on = top_p is not None and not top_p.disabled
+        m_on = min_p is not None and not min_p.disabled
+        return native.fused_tail, (top_k.k, float(top_p.p) if p_on else 1.0, top_p.min_keep if p_on else -1,
+                                   float(min_p.log_p) if m_on else 0.0, min_p.min_keep if m_on else -1, t)
+
+    @staticmethod
+    def candidates_from(out: np.ndarray) -> Candidates:
+        """The candidates :meth:`sample` wrote into ``out``: sorted, with their probabilities and selection."""
+        m, selected = int(out[0]), int(out[1])
+        width = (len(out) - 2) // 3
+        ids = out[2:2 + m].copy()
+        logits = out[2 + width:2 + width + m].view(_F32).copy()
+        probs = out[2 + 2 * width:2 + 2 * width + m].view(_F32).copy()
+        c = Candidates(ids, logits, probs, sorted=True)
+        c.selected = selected
+        return c
 
     def _sorted(self, c: Candidates, ids: np.ndarray, x: np.ndarray) -> None:
         """The members after top-k, one after the other, on candidates flagged sorted."""
@@ -325,3 +417,16 @@ class _FusedTail:
         c.replace(ids, x, sorted=True)
         c.set_probs(probs)
         c.selected = selected
+
+
+class _NativeGreedy:
+    """A chain of one greedy sampler in one call of the compiled step: the first largest logit, as ``Greedy``."""
+
+    __slots__ = ()
+
+    def sample(self, logits: object, out: None) -> int:
+        native = _native.sampling()
+        return -1 if native is None else native.first_max(logits)  # -1 / -2: NaN, +inf, not binary32 logits
+
+
+_GREEDY = _NativeGreedy()

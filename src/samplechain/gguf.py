@@ -381,6 +381,19 @@ class GGUFFile:
             if hasattr(mmap, "MADV_DONTNEED") and not f._map.closed:
                 f._map.madvise(mmap.MADV_DONTNEED)
 
+    def release_tensor(self, name: str) -> None:
+        """:meth:`release_pages` for one tensor's bytes (whole pages: a neighbour's pages at its ends go too, and
+        come back from the page cache when read)."""
+        if not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        info = self.info(name)
+        buf = self._part_maps.get(name, self._map)
+        if buf.closed:
+            return
+        start = info.offset - info.offset % mmap.PAGESIZE
+        end = min(len(buf), info.offset + info.n_bytes)
+        buf.madvise(mmap.MADV_DONTNEED, start, end - start)
+
     def close(self) -> None:
         for f in (self, *self.parts):
             f._map.close()

@@ -297,11 +297,17 @@ class CommonSampler:
             out.append(self.grammar)
         return out
 
-    def select(self, logits: object, with_grammar: bool, observe: Observer | None) -> tuple[Candidates, int]:
-        """One pass of :meth:`stages` over fresh candidates: the candidates and the selected token, accepted by
-        nothing (:meth:`sample` is two of these, the second one on a grammar rejection, then :meth:`accept`).
-        Unobserved, the chain runs as one ``Chain.apply`` (its fused steps are bitwise its members applied one by
-        one: tests/test_fused_chain.py)."""
+    def select(self, logits: object, with_grammar: bool, observe: Observer | None
+               ) -> tuple[Candidates | Callable[[], Candidates], int]:
+        """One pass of :meth:`stages` over fresh candidates: the candidates (or a function building them, for
+        :meth:`record`) and the selected token, accepted by nothing (:meth:`sample` is two of these, the second one
+        on a grammar rejection, then :meth:`accept`). Unobserved, the chain runs as one ``Chain.apply`` (its fused
+        steps are bitwise its members applied one by one: tests/test_fused_chain.py), or as one compiled call
+        when nothing runs before it (``Chain.select_whole``: the same token, draws and candidates)."""
+        if observe is None and self.reasoning_budget is None and (self.grammar is None or not with_grammar):
+            fast = self.chain.select_whole(logits)
+            if fast is not None:
+                return fast[1], fast[0]
         c = Candidates.from_logits(logits)
         if observe is None:
             for s in self._before_chain(with_grammar):

@@ -1,5 +1,5 @@
-"""``python -m samplechain.runtime.build``: compile the CPU engine for this machine now (``make setup`` runs it),
-so that the first model load need not.
+"""``python -m samplechain.runtime.build``: compile the CPU engine and the sampler chain's fused step for this machine
+now (``make setup`` runs it), so that the first model load and the first token need not.
 
 A module of its own: the package imports ``cpu_engine``, so running that module as ``__main__`` would load it a
 second time (and Python warns so).
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 
+from samplechain import _native
 from samplechain.runtime.cpu_engine import EngineUnavailable, build, supported_isas
 
 
@@ -18,6 +19,8 @@ def main() -> int:
         print(f"CPU engine: {build()} ({', '.join(supported_isas())})")
     except EngineUnavailable as e:
         print(f"CPU engine not built: {e}; the runtime will use torch's kernels", file=sys.stderr)
+    step = _native.sampling()
+    print(f"sampler chain: {'the compiled fused step' if step is not None else 'NumPy only'}")
     return 0
 
 

@@ -23,17 +23,14 @@ import ctypes
 import hashlib
 import itertools
 import os
-import platform
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from importlib import resources
 
 import numpy as np
 import torch
 
+from samplechain._native import BuildError, cache_dir, compile_c, machine_id
 from samplechain.runtime import pack_cache
 from samplechain.runtime.kv_cache import KVCache
 from samplechain.runtime.model import Rope, Transformer
@@ -50,40 +47,8 @@ ALL_ISAS = {**ISAS, **Q8_ISAS}
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-pthread", "-fPIC", "-shared"]
 
 
-class EngineUnavailable(RuntimeError):
+class EngineUnavailable(BuildError):
     """The C engine cannot be built or loaded here (no compiler, unsupported platform)."""
-
-
-def cache_dir() -> str:
-    """Where samplechain keeps per-machine files: ``$SAMPLECHAIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/samplechain``
-    (``~/.cache/samplechain``); a temporary folder where that cannot be written."""
-    explicit = os.environ.get("SAMPLECHAIN_CACHE_DIR")
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    folder = explicit or os.path.join(base, "samplechain")
-    try:
-        os.makedirs(folder, exist_ok=True)
-        if os.access(folder, os.W_OK):
-            return folder
-    except OSError:
-        pass
-    fallback = os.path.join(tempfile.gettempdir(), f"samplechain-{os.getuid() if hasattr(os, 'getuid') else 0}")
-    os.makedirs(fallback, exist_ok=True)
-    return fallback
-
-
-def machine_id() -> str:
-    """The CPU this process runs on (model name and feature flags), for per-machine caches."""
-    text = platform.machine() + platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("model name", "flags", "Features", "CPU part")):
-                    text += line
-                if line.strip() == "":
-                    break
-    except OSError:
-        pass
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _source() -> bytes:
@@ -99,28 +64,11 @@ _LIB: ctypes.CDLL | None = None
 
 def build(verbose: bool = False) -> str:
     """Compile the engine for this machine (once; cached by source and CPU). Returns the library's path."""
-    folder = os.path.join(cache_dir(), "kernels")
-    path = os.path.join(folder, f"engine-{source_hash()}-{machine_id()}.so")
-    if os.path.exists(path):
-        return path
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None or sys.platform == "win32":
-        raise EngineUnavailable("no C compiler (cc/gcc) to build the CPU engine")
-    os.makedirs(folder, exist_ok=True)
-    print("compiling the CPU engine for this machine (once) ...", file=sys.stderr, flush=True)
-    fd, src = tempfile.mkstemp(suffix=".c", dir=folder)
-    with os.fdopen(fd, "wb") as f:
-        f.write(_source())
-    tmp = src[:-2] + ".so"
+    path = os.path.join(cache_dir(), "kernels", f"engine-{source_hash()}-{machine_id()}.so")
     try:
-        proc = subprocess.run([cc, *CFLAGS, "-o", tmp, src, "-lm"], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise EngineUnavailable(f"building the CPU engine failed: {proc.stderr.strip()[-2000:]}")
-        os.replace(tmp, path)  # atomic: concurrent builders each write their own temporary file
-    finally:
-        for leftover in (src, tmp):
-            if os.path.exists(leftover):
-                os.remove(leftover)
+        compile_c(_source(), path, CFLAGS, "the CPU engine")
+    except BuildError as e:
+        raise EngineUnavailable(str(e)) from None
     if verbose:
         print(f"built {path}", file=sys.stderr)
     return path

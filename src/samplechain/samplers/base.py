@@ -17,6 +17,10 @@ TRANSFORM = "transform"  # reshapes the distribution
 SELECTOR = "selector"  # picks a token
 
 
+# Bumped by every attribute assignment on a Watched sampler (the members chain.py fuses): the fused step caches its
+# members' parameters and remakes them when this moved (one comparison per token, not a dozen attribute reads).
+changes = [0]
+
 # Device rows up to this width replay llama.cpp's sequential binary32 sums exactly, column by column.
 DEVICE_SMALL_WIDTH = 128
 
@@ -101,3 +105,13 @@ class Sampler:
     def params(self) -> dict:
         """The sampler's parameters by name (what its ``repr`` shows and a trace records); none by default."""
         return {}
+
+
+class Watched:
+    """Mixin of the samplers whose parameters chain.py's fused step caches: every assignment bumps ``changes``."""
+
+    __slots__ = ()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+        changes[0] += 1

@@ -18,7 +18,7 @@ from samplechain._numeric import (
 )
 from samplechain.candidates import Candidates
 from samplechain.samplers._ops import SMALL_SORT, indices_at_least, softmax
-from samplechain.samplers.base import DEVICE_SMALL_WIDTH, FILTER, DeviceShape, Sampler
+from samplechain.samplers.base import DEVICE_SMALL_WIDTH, FILTER, DeviceShape, Sampler, Watched
 from samplechain.validate import check_int, check_number
 
 
@@ -60,7 +60,7 @@ def nucleus_size_from_sums(q: list[float], p: np.float32, min_keep: int) -> int 
 _DEVICE_NUCLEUS_CAP = 128
 
 
-class _ProbabilityFilter(Sampler):
+class _ProbabilityFilter(Watched, Sampler):
     """Shared parameters of top-p, min-p and typical: a probability ``p`` and ``min_keep`` survivors."""
 
     effect = FILTER

@@ -11,7 +11,7 @@ import numpy as np
 from samplechain._numeric import F32, F64, expf_rel, running_sum_f64
 from samplechain.candidates import Candidates
 from samplechain.rng import DEFAULT_SEED, LlamaRng, check_seed, resolve_seed
-from samplechain.samplers.base import SELECTOR, DeviceShape, Sampler
+from samplechain.samplers.base import SELECTOR, DeviceShape, Sampler, Watched
 
 # A device draw whose target lies this close (relative to the total mass) to a cumulative boundary is redone on
 # the CPU: the device's binary32 exponentials may differ from expf by an ulp or two.
@@ -58,7 +58,7 @@ class SeededSampler(Sampler):
         return other
 
 
-class Dist(SeededSampler):
+class Dist(Watched, SeededSampler):
     """Draws a token from the softmax of the logits, exactly as llama.cpp's dist sampler (one double per draw)."""
 
     name = "dist"

@@ -8,7 +8,7 @@ import numpy as np
 from samplechain._numeric import F32, F64, NEG_INF, logf, logf_array, powf, seq_sum_f32
 from samplechain.candidates import Candidates
 from samplechain.samplers._ops import softmax
-from samplechain.samplers.base import DEVICE_SMALL_WIDTH, DeviceShape, Sampler
+from samplechain.samplers.base import DEVICE_SMALL_WIDTH, DeviceShape, Sampler, Watched
 from samplechain.validate import check_number
 
 _FLT_MAX = float(np.finfo(F32).max)
@@ -105,7 +105,7 @@ def _fixed_scale(rows, members) -> tuple:
     return t_div, limit, greedy
 
 
-class Temperature(Sampler):
+class Temperature(Watched, Sampler):
     """Divides the logits by ``t``; ``t <= 0`` keeps only the first largest logit; ``t == 1`` is a no-op."""
 
     name = "temp"
@@ -129,7 +129,7 @@ class Temperature(Sampler):
         device_scale_fixed(rows, members)
 
 
-class DynamicTemperature(Sampler):
+class DynamicTemperature(Watched, Sampler):
     """llama.cpp's ``temp_ext``: temperature in ``[t - delta, t + delta]`` chosen by normalised entropy."""
 
     name = "temp-ext"

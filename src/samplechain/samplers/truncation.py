@@ -10,7 +10,7 @@ from samplechain._numeric import F32, F64, NEG_INF, seq_sum_f32
 from samplechain.candidates import Candidates
 from samplechain.rng import DEFAULT_SEED
 from samplechain.samplers._ops import apply_top_k, softmax
-from samplechain.samplers.base import DEVICE_SMALL_WIDTH, FILTER, DeviceShape, Sampler
+from samplechain.samplers.base import DEVICE_SMALL_WIDTH, FILTER, DeviceShape, Sampler, Watched
 from samplechain.samplers.probability_filters import (  # noqa: F401  (the truncation samplers, importable from here)
     MinP,
     TopP,
@@ -24,7 +24,7 @@ from samplechain.samplers.selectors import SeededSampler
 from samplechain.validate import check_int, check_number
 
 
-class TopK(Sampler):
+class TopK(Watched, Sampler):
     """Keeps the ``k`` largest logits, sorted descending; ``k <= 0`` is a no-op."""
 
     name = "top-k"
