@@ -513,7 +513,7 @@ static inline float sum_pair(v8f a0, v8f a1) {
     return lanes_sum16(acc);
 }
 
-static float dot_f32(const float *x, const float *y, int n) { /* n % 16 == 0 */
+static inline float dot_f32(const float *x, const float *y, int n) { /* n % 16 == 0 */
     v8f a0 = {0}, a1 = {0};
     for (int i = 0; i < n; i += 16) {
         a0 += load8(x + i) * load8(y + i);
@@ -1991,17 +1991,31 @@ static void attention_heads(void *p, int begin, int end, int worker) {
             }
             sum[h] = t;
         }
-        for (int d = 0; d < group * hd; d++) o[d] = 0.0f;
-        for (int j = 0; j < n_kv; j++) {
-            if (!mk[j]) continue;
-            const float *v = (const float *)(V + (size_t)j * hd * ev);
-            if (v16) {
-                halves_to_floats((const uint16_t *)v, vf, hd);
-                v = vf;
-            }
-            for (int h = 0; h < group; h++) {
-                float pj = e[h * width + j], *oh = o + h * hd;
-                for (int d = 0; d < hd; d++) oh[d] += pj * v[d];
+        /* o: 16 dimensions of up to 4 heads at a time in registers, over the cells in order */
+        for (int h0 = 0; h0 < group; h0 += 4) {
+            int gs = group - h0 < 4 ? group - h0 : 4;
+            for (int c = 0; c < hd; c += 16) {
+                v8f acc[4][2] = {{{0}}};
+                for (int j = 0; j < n_kv; j++) {
+                    if (!mk[j]) continue;
+                    const float *v = (const float *)(V + (size_t)j * hd * ev) + c;
+                    if (v16) {
+                        halves_to_floats((const uint16_t *)(V + (size_t)j * hd * ev) + c, vf, 16);
+                        v = vf;
+                    }
+                    v8f v0 = load8(v), v1 = load8(v + 8);
+#pragma GCC unroll 4
+                    for (int h = 0; h < 4; h++) {
+                        if (h >= gs) break;
+                        float pj = e[(h0 + h) * width + j];
+                        acc[h][0] += pj * v0;
+                        acc[h][1] += pj * v1;
+                    }
+                }
+                for (int h = 0; h < gs; h++) {
+                    memcpy(o + (h0 + h) * hd + c, &acc[h][0], sizeof acc[h][0]);
+                    memcpy(o + (h0 + h) * hd + c + 8, &acc[h][1], sizeof acc[h][1]);
+                }
             }
         }
         for (int h = 0; h < group; h++) {
