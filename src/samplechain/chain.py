@@ -114,22 +114,16 @@ class Chain(Sampler):
         t0 = time.perf_counter() if perf else 0.0
         steps = self._plan()
         whole = self._whole
-        if whole is not None:  # one compiled call where it can (the same token and draws as the steps)
-            token = whole.sample(logits, None)
-            if token >= 0:
-                for s in self._acceptors:
-                    s.accept(token)
-                if perf:
-                    self._t_us += (time.perf_counter() - t0) * 1e6
-                self._n_sample += 1
-                return token
-        c = Candidates.from_logits(logits)
-        for step in steps:  # apply() and accept() in one, as this is the per-token path
-            step(c)
-        selected = c.selected
-        if not 0 <= selected < len(c):
-            raise ValueError(f"no sampler selected a token ({self.describe()}); end the chain with a selector")
-        token = int(c.ids[selected])
+        # one compiled call where it can (the same token and draws as the steps), else the steps
+        token = -1 if whole is None else whole.sample(logits, None)
+        if token < 0:
+            c = Candidates.from_logits(logits)
+            for step in steps:  # apply() and accept() in one, as this is the per-token path
+                step(c)
+            selected = c.selected
+            if not 0 <= selected < len(c):
+                raise ValueError(f"no sampler selected a token ({self.describe()}); end the chain with a selector")
+            token = int(c.ids[selected])
         for s in self._acceptors:
             s.accept(token)
         if perf:
