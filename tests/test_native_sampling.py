@@ -213,3 +213,31 @@ def test_first_max_keeps_the_first_of_equal_logits():
     assert NATIVE.first_max(z) == 0
     z[1] = np.nan
     assert NATIVE.first_max(z) == -1
+
+
+@needs_native
+@pytest.mark.parametrize("big", [2**31 - 1, 2**31, 2**32 + 1, 2**63, 2**70])
+def test_counts_past_c_ints_act_as_in_numpy(big):
+    """k and min_keep have no upper bound: the compiled step clamps them to counts with the same effect."""
+    x = realistic(4096, 5)
+    for make in (lambda: [TopK(40), TopP(0.5, big), Dist(1)], lambda: [TopK(40), MinP(0.5, big), Dist(1)],
+                 lambda: [TopK(big), Dist(1)], lambda: [TopK(3000), TopP(0.9, 0), MinP(0.1, 0), Dist(1)]):
+        native, numpy = run_both(make, [x], 6)
+        assert native == numpy
+
+
+@needs_native
+def test_threads_with_small_stacks():
+    """The step's working arrays are not on the stack: a 64 KiB thread stack is enough (musl's default: 128 KiB)."""
+    import threading
+
+    x = realistic(262144, 6)
+    got = []
+    old = threading.stack_size(64 * 1024)
+    try:
+        t = threading.Thread(target=lambda: got.append(Chain(default_chain(2)).sample(x)))
+        t.start()
+        t.join()
+    finally:
+        threading.stack_size(old)
+    assert got == [Chain(default_chain(2)).sample(x)]

@@ -142,6 +142,8 @@ class Chain(Sampler):
         if type(whole) is not _FusedTail or whole.top_k is None or whole.top_k.k < 1:
             return None
         width = min(whole.top_k.k, logits.size)
+        if width > _NATIVE_MAX_K:  # the compiled step declines
+            return None
         out = np.empty(2 + 3 * width, dtype=np.int32)
         token = whole.sample(logits, out)
         if token < 0:
@@ -261,9 +263,10 @@ class _FusedTail:
 
         The members' parameters are read again only when one of them was assigned (``samplers.base.changes``):
         cold, as after a forward pass, each Python operation costs microseconds."""
-        if self._seen != changes[0]:
+        seen = changes[0]
+        if self._seen != seen:  # read before the members: an assignment meanwhile makes them again next time
             self._params = self._native_params()
-            self._seen = changes[0]
+            self._seen = seen
         params = self._params
         if params is None:
             return -1
@@ -295,8 +298,10 @@ class _FusedTail:
             t = float(temp.t)
         p_on = top_p is not None and not top_p.disabled
         m_on = min_p is not None and not min_p.disabled
-        return native.fused_tail, (top_k.k, float(top_p.p) if p_on else 1.0, top_p.min_keep if p_on else -1,
-                                   float(min_p.log_p) if m_on else 0.0, min_p.min_keep if m_on else -1, t)
+        # C ints: counts past the candidates (at most 2048 there) act as the candidates' count, below 0 as 0
+        return native.fused_tail, (_c_count(top_k.k), float(top_p.p) if p_on else 1.0,
+                                   _c_count(top_p.min_keep) if p_on else -1, float(min_p.log_p) if m_on else 0.0,
+                                   _c_count(min_p.min_keep) if m_on else -1, t)
 
     @staticmethod
     def candidates_from(out: np.ndarray) -> Candidates:
@@ -411,6 +416,15 @@ class _FusedTail:
         c.replace(ids, x, sorted=True)
         c.set_probs(probs)
         c.selected = selected
+
+
+_NATIVE_MAX_K = 2048  # csrc/sampling.c's MAX_K
+
+
+def _c_count(n: int) -> int:
+    """A sampler's count (k, min_keep) for the compiled step's C ints, with the same effect there: counts past
+    its at most _NATIVE_MAX_K candidates act alike, and so do counts <= 0."""
+    return min(max(n, 0), 1 << 30)
 
 
 class _NativeGreedy:

@@ -29,12 +29,23 @@
 #include <stdint.h>
 #include <string.h>
 
-#define MAX_K 2048
-
 typedef struct {
     float v;
     int32_t i;
 } item;
+
+#define MAX_K 2048
+#define MAX_COLS 8192 /* column maxima: vocabularies up to 512k in two passes */
+
+/* The step's working arrays (about 100 KB), one set per calling thread: on the stack they would overflow the small
+   stacks some threads have (musl's 128 KiB default, threading.stack_size). */
+static _Thread_local struct {
+    float cm[MAX_COLS];
+    item th[MAX_K], h[MAX_K];
+    float xs[MAX_K], rows[MAX_K], e[MAX_K];
+    double q[MAX_K];
+} scratch;
+
 
 /* a ranks after b: smaller logit, or the same logit at a higher position */
 static inline int worse(item a, item b) { return a.v < b.v || (a.v == b.v && a.i > b.i); }
@@ -91,7 +102,6 @@ static inline void offer(item *h, int k, int *filled, float v, int32_t j) {
 }
 
 #define ROWS 64
-#define MAX_COLS 8192 /* column maxima kept on the stack: vocabularies up to 512k in two passes */
 
 /* The k best of x[0..n) into h, best first (k <= n). Returns -1 for NaN or +inf anywhere in x.
  *
@@ -103,7 +113,7 @@ static int top_k(const float *x, Py_ssize_t n, int k, item *h) {
     Py_ssize_t cols = n / ROWS, grid = cols * ROWS;
     int filled = 0;
     if (cols >= 16 * (Py_ssize_t)k && cols <= MAX_COLS) {
-        float cm[MAX_COLS];
+        float *cm = scratch.cm;
         v16f inf = {0};
         inf += INFINITY;
         v16i badv = {0};
@@ -134,7 +144,7 @@ static int top_k(const float *x, Py_ssize_t n, int k, item *h) {
         v8l l = (v8l)badv;
         if (badp || (l[0] | l[1] | l[2] | l[3] | l[4] | l[5] | l[6] | l[7])) return -1;
         /* T: the k-th largest column maximum (a heap of values whose root is the smallest) */
-        item th[MAX_K];
+        item *th = scratch.th;
         int tf = 0;
         for (c = 0; c < cols; c++) offer(th, k, &tf, cm[c], 0);
         float t = th[0].v;
@@ -254,10 +264,10 @@ static PyObject *fused_tail(PyObject *self, PyObject *const *args, Py_ssize_t na
     if (x == NULL || k_arg < 1) return PyLong_FromLong(-2);
     int kk = (int)(k_arg < n ? k_arg : n);
     if (kk > MAX_K) return PyLong_FromLong(-2);
-    item h[MAX_K];
+    item *h = scratch.h;
     if (top_k(x, n, kk, h)) return PyLong_FromLong(-1);
 
-    float xs[MAX_K];
+    float *xs = scratch.xs;
     for (int i = 0; i < kk; i++) xs[i] = h[i].v;
     if (xs[0] == -INFINITY) return PyLong_FromLong(-1); /* every candidate masked: dist raises */
     float t = (float)t_d;
@@ -288,8 +298,8 @@ static PyObject *fused_tail(PyObject *self, PyObject *const *args, Py_ssize_t na
         long floor_keep = m_min_keep < kk ? m_min_keep : kk;
         k = count > floor_keep ? count : (int)floor_keep;
     }
-    float rows[MAX_K], e[MAX_K];
-    double q[MAX_K];
+    float *rows = scratch.rows, *e = scratch.e;
+    double *q = scratch.q;
     if (k > 1 && p_min_keep >= 0) {
         int keep = nucleus(xs, kk, (float)p, (int)p_min_keep, e);
         if (0 < keep && keep < k) k = keep;

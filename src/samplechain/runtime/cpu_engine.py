@@ -38,6 +38,7 @@ from samplechain.runtime.weights import ENGINE_TYPES, GROUP, Linear, Part
 
 TILE = 16
 MAX_HEAD_DIM = 512  # csrc/engine.c's attention converts a half row into a buffer of this size
+MAX_GROUP = 64  # csrc/engine.c's attention: query heads per KV head
 KV_DTYPES = (torch.float32, torch.float16)
 F32, W4, W8, W5, W6, F16, BF16 = 0, 1, 2, 3, 4, 5, 6  # weight kinds
 SF32, SF16, SK = 0, 1, 2  # how an integer kind's scales are kept
@@ -306,7 +307,7 @@ def _pack_all(transformer: Transformer, linears: list[Linear]) -> int:
     """Pack every linear (the output matrix first, then layer by layer, dropping the file's pages read so far after
     each), with a progress line on stderr; returns the packed bytes."""
     start, total, shown = time.perf_counter(), 0, -1
-    raw = sum(p.raw.nbytes for lin in linears for p in lin.parts or ())
+    raw = sum(p.source.nbytes for lin in linears for p in lin.parts or ())
     say = raw >= pack_cache.MIN_BYTES  # small models pack in a blink: nothing to say
     tty = say and sys.stderr.isatty()
     per_layer = len(ROLES)
@@ -348,8 +349,9 @@ class CEngine:
             raise EngineUnavailable(f"this CPU cannot run the {isa} kernels")
         self.isa, self._lib = isa, lib
         c = transformer.config
-        if c.head_dim % 16 or c.n_embd % GROUP or c.head_dim > MAX_HEAD_DIM:
-            raise EngineUnavailable(f"head_dim must be a multiple of 16 up to {MAX_HEAD_DIM} and n_embd of 32")
+        if c.head_dim % 16 or c.n_embd % GROUP or c.head_dim > MAX_HEAD_DIM or c.n_head > MAX_GROUP * c.n_head_kv:
+            raise EngineUnavailable(f"head_dim must be a multiple of 16 up to {MAX_HEAD_DIM}, n_embd of 32, and at "
+                                    f"most {MAX_GROUP} query heads share a KV head")
         self._keep: list = []
         k = self._keep
         # the output matrix first (often the largest): its file pages leave memory before the layers are packed

@@ -556,17 +556,6 @@ static void floats_to_halves(const float *f, uint16_t *h, int n) {
     for (int i = 0; i < n; i++) h[i] = f32_to_f16(f[i]);
 }
 
-static float dot_f16(const float *x, const uint16_t *y, int n) { /* n % 16 == 0; dot_f32's order */
-    v8f a0 = {0}, a1 = {0};
-    float yf[16];
-    for (int i = 0; i < n; i += 16) {
-        halves_to_floats(y + i, yf, 16);
-        a0 += load8(x + i) * load8(yf);
-        a1 += load8(x + i + 8) * load8(yf + 8);
-    }
-    return sum_pair(a0, a1);
-}
-
 static void rms_norm(const float *x, const float *w, float *y, int n, float eps) {
     float mean = dot_f32(x, x, n) / (float)n;
     float r = 1.0f / sqrtf(mean + eps);
@@ -1942,32 +1931,33 @@ typedef struct {
     const float *qkv;
     const void *kc, *vc;  /* float, or f16 bits (M->kv_f16) */
     const uint8_t *mask;
-    float *out, *scratch;  /* scratch: n_kv scores per query head of a group, per worker */
-    int stride, n_kv;
+    float *out, *scratch;  /* scratch: n_kv scores per query head of an item, per worker */
+    int stride, n_kv, per;  /* per: query heads per item, all of one KV head (its group, or 1) */
 } attention_job;
 
-/* One token's attention for the query heads of one KV head (items: token x KV head), each head's values computed as
-   one head alone would: scores e_j = (q . k_j) * scale over the unmasked cells in order, p_j = expf(e_j - max), the
-   sum of the p_j in cell order, o = sum over cells in order of p_j * v_j, then o / sum. A cell's key and value rows
-   are converted from halves once for all the heads that read them (GQA: 4 heads per KV head in Llama 3.2 1B, 7 in
-   Qwen 2.5 0.5B), not once per head. */
+/* One token's attention for `per` query heads of one KV head (items: token x KV head, or token x query head when
+   there are too few tokens to keep the threads busy), each head's values computed as one head alone would: scores
+   e_j = (q . k_j) * scale over the unmasked cells in order, p_j = expf(e_j - max), the sum of the p_j in cell order,
+   o = sum over cells in order of p_j * v_j, then o / sum. A cell's key and value rows are converted from halves once
+   for all the item's heads (GQA: 4 heads per KV head in Llama 3.2 1B, 7 in Qwen 2.5 0.5B), not once per head. */
 #define MAX_GROUP 64
 static void attention_heads(void *p, int begin, int end, int worker) {
     const attention_job *J = p;
     const sc_model *M = J->M;
-    int H = M->n_head, Hkv = M->n_head_kv, hd = M->head_dim, group = H / Hkv, n_kv = J->n_kv;
+    int H = M->n_head, hd = M->head_dim, group = H / M->n_head_kv, n_kv = J->n_kv;
     int k16 = M->kv_f16 & 1, v16 = (M->kv_f16 >> 1) & 1;
     size_t ek = k16 ? 2 : 4, ev = v16 ? 2 : 4, width = n_kv > 0 ? (size_t)n_kv : 1;
-    float *e = J->scratch + (size_t)worker * group * width;
+    int per = J->per, items_per_token = H / per;
+    float *e = J->scratch + (size_t)worker * per * width;
     float kf[MAX_HEAD_DIM], vf[MAX_HEAD_DIM], mx[MAX_GROUP], sum[MAX_GROUP];
     for (int ig = begin; ig < end; ig++) {
-        int i = ig / Hkv, g = ig % Hkv;
-        const float *q = J->qkv + (size_t)i * J->stride + (size_t)g * group * hd;
+        int i = ig / items_per_token, h0 = ig % items_per_token * per, g = h0 / group;
+        const float *q = J->qkv + (size_t)i * J->stride + (size_t)h0 * hd;
         const char *K = (const char *)J->kc + (size_t)g * M->kv_size * hd * ek;
         const char *V = (const char *)J->vc + (size_t)g * M->kv_size * hd * ev;
         const uint8_t *mk = J->mask + (size_t)i * n_kv;
-        float *o = J->out + (size_t)i * H * hd + (size_t)g * group * hd;
-        for (int h = 0; h < group; h++) mx[h] = -INFINITY;
+        float *o = J->out + (size_t)i * H * hd + (size_t)h0 * hd;
+        for (int h = 0; h < per; h++) mx[h] = -INFINITY;
         for (int j = 0; j < n_kv; j++) {
             if (!mk[j]) continue;
             const float *k = (const float *)(K + (size_t)j * hd * ek);
@@ -1975,14 +1965,14 @@ static void attention_heads(void *p, int begin, int end, int worker) {
                 halves_to_floats((const uint16_t *)k, kf, hd);
                 k = kf;
             }
-            for (int h = 0; h < group; h++) {
+            for (int h = 0; h < per; h++) {
                 float s = dot_f32(q + h * hd, k, hd) * M->attn_scale;
                 if (M->attn_softcap != 0.0f) s = tanhf(s / M->attn_softcap) * M->attn_softcap;
                 e[h * width + j] = s;
                 mx[h] = s > mx[h] ? s : mx[h];
             }
         }
-        for (int h = 0; h < group; h++) {
+        for (int h = 0; h < per; h++) {
             float *eh = e + h * width, t = 0.0f;
             for (int j = 0; j < n_kv; j++) {
                 if (!mk[j]) continue;
@@ -1992,8 +1982,8 @@ static void attention_heads(void *p, int begin, int end, int worker) {
             sum[h] = t;
         }
         /* o: 16 dimensions of up to 4 heads at a time in registers, over the cells in order */
-        for (int h0 = 0; h0 < group; h0 += 4) {
-            int gs = group - h0 < 4 ? group - h0 : 4;
+        for (int a = 0; a < per; a += 4) {
+            int gs = per - a < 4 ? per - a : 4;
             for (int c = 0; c < hd; c += 16) {
                 v8f acc[4][2] = {{{0}}};
                 for (int j = 0; j < n_kv; j++) {
@@ -2007,18 +1997,18 @@ static void attention_heads(void *p, int begin, int end, int worker) {
 #pragma GCC unroll 4
                     for (int h = 0; h < 4; h++) {
                         if (h >= gs) break;
-                        float pj = e[(h0 + h) * width + j];
+                        float pj = e[(a + h) * width + j];
                         acc[h][0] += pj * v0;
                         acc[h][1] += pj * v1;
                     }
                 }
                 for (int h = 0; h < gs; h++) {
-                    memcpy(o + (h0 + h) * hd + c, &acc[h][0], sizeof acc[h][0]);
-                    memcpy(o + (h0 + h) * hd + c + 8, &acc[h][1], sizeof acc[h][1]);
+                    memcpy(o + (a + h) * hd + c, &acc[h][0], sizeof acc[h][0]);
+                    memcpy(o + (a + h) * hd + c + 8, &acc[h][1], sizeof acc[h][1]);
                 }
             }
         }
-        for (int h = 0; h < group; h++) {
+        for (int h = 0; h < per; h++) {
             float inv = sum[h] > 0.0f ? 1.0f / sum[h] : 0.0f, *oh = o + h * hd;
             for (int d = 0; d < hd; d++) oh[d] *= inv;
         }
@@ -2027,13 +2017,15 @@ static void attention_heads(void *p, int begin, int end, int worker) {
 
 static int attention(const sc_model *M, int n, const float *qkv, int stride, const void *kc, const void *vc, int n_kv,
                      const uint8_t *mask, float *out, int nt) {
-    int items = n * M->n_head_kv, group = M->n_head / M->n_head_kv;
+    int group = M->n_head / M->n_head_kv;
     if (group > MAX_GROUP) return -1;
+    /* a KV head's query heads together, unless that leaves threads idle (decode: one token, few KV heads) */
+    int per = n * M->n_head_kv >= 2 * nt ? group : 1, items = n * (M->n_head / per);
     if (nt > items) nt = items;
     if (nt < 1) nt = 1;
-    float *scratch = malloc(sizeof(float) * (size_t)nt * group * (n_kv > 0 ? n_kv : 1));
+    float *scratch = malloc(sizeof(float) * (size_t)nt * per * (n_kv > 0 ? n_kv : 1));
     if (!scratch) return -1;
-    attention_job job = {M, qkv, kc, vc, mask, out, scratch, stride, n_kv};
+    attention_job job = {M, qkv, kc, vc, mask, out, scratch, stride, n_kv, per};
     parallel_for(items, n > 1 ? SPLIT_BATCH : SPLIT_ONE, nt, attention_heads, &job);
     free(scratch);
     return 0;
