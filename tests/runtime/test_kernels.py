@@ -143,3 +143,17 @@ def test_cuda_graph_spans_cover_the_cells_in_use():
     assert [span_of(n, 4352) for n in (1, 256, 257, 1024, 1025, 4096, 4097, 4351)] == [
         256, 256, 1024, 1024, 4096, 4096, 4352, 4352]
     assert [span_of(n, 512) for n in (1, 300, 511)] == [256, 512, 512]
+
+
+def test_decode_steps_within_the_noise_are_decided_by_the_batch_forward():
+    """Measured on a 2-vCPU Xeon (the 1B shape): c-avx512vnni's step 35.3 ms and its 32-token forward 270 ms, c-amx's
+    36.0 and 167 ms. A c-amx step measured 9 % slower (38.6 ms) made the plain score pick c-avx512vnni (43.7 against
+    43.8 ms) and lose 35-60 % on prompts; within 10 % the steps count as one speed and the forward decides. A step
+    13 % slower still counts."""
+    assert K.DECODE_TIE == 0.10
+    amx = K.Trial("c-amx", decode_ms=38.6, invariant=True, batch_ms=167.0, score=38.6 + 167.0 / K.BATCH)
+    vnni = K.Trial("c-avx512vnni", decode_ms=35.3, invariant=True, batch_ms=270.0, score=35.3 + 270.0 / K.BATCH)
+    assert vnni.score < amx.score  # the plain score would pick c-avx512vnni
+    assert K.pick([vnni, amx]).name == "c-amx"
+    far = K.Trial("c-avx512vnni", decode_ms=34.0, invariant=True, batch_ms=196.0, score=34.0 + 196.0 / K.BATCH)
+    assert far.decode_ms * 1.10 < amx.decode_ms and K.pick([far, amx]).name == "c-avx512vnni"
