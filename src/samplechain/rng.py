@@ -53,7 +53,9 @@ class LlamaRng:
 
     The 32-bit words are generated a block at a time and read from a buffer, so :meth:`mark` and
     :meth:`rewind` can take back the last few draws cheaply (the device sampler draws before it knows whether
-    a row will be redone on the CPU).
+    a row will be redone on the CPU). The buffer (``_buf``, a list of ints) and the position of the next unread word
+    (``_pos``) are also read by the chain's compiled step (chain.py ``_FusedTail.sample``, csrc/sampling.c), which
+    draws :meth:`uniform_double` from two of them without a Python call.
     """
 
     __slots__ = ("_base", "_buf", "_mt", "_pos")
