@@ -74,6 +74,12 @@ CHAINS = {
     "top-k 2048": lambda: [TopK(2048), TopP(0.99), Dist(7)],
     "top-k 3000": lambda: [TopK(3000), TopP(0.99), Dist(7)],
     "greedy": lambda: [Greedy()],
+    # no top-k: min-p over the full vocabulary, in vocabulary order
+    "min-p + temp + dist": lambda: [MinP(0.05), Temperature(0.8), Dist(7)],
+    "min-p + dist, min_keep": lambda: [MinP(0.2, 3), Dist(7)],
+    "min-p wide + temp above 1": lambda: [MinP(0.001), Temperature(1.5), Dist(7)],
+    "min-p + temp 0": lambda: [MinP(0.05), Temperature(0.0), Dist(7)],
+    "top-p + min-p (sorts: NumPy)": lambda: [TopP(0.9), MinP(0.05), Dist(7)],
 }
 
 
@@ -95,6 +101,9 @@ def test_compiled_step_runs_for_the_default_chain_and_greedy():
     chain = Chain(default_chain(3))
     chain.sample(x)
     assert chain._whole is not None and chain._whole.sample(x, None) >= 0
+    min_p = Chain([MinP(0.05), Temperature(0.8), Dist(3)])
+    min_p.sample(x)
+    assert min_p._whole is not None and min_p._whole.sample(x, None) >= 0
     greedy = Chain([Greedy()])
     assert greedy.sample(x) == int(np.argmax(x))
     assert greedy._whole.sample(x, None) == int(np.argmax(x))
@@ -117,10 +126,11 @@ def test_exact_tokens():
 
 @needs_native
 @pytest.mark.parametrize("n", [300, 49152])
-def test_common_sampler_candidates_equal_numpy(n):
+@pytest.mark.parametrize("top_k", [30, 0])
+def test_common_sampler_candidates_equal_numpy(n, top_k):
     """``CommonSampler`` takes the compiled step too; the candidates it records (ids, logits, probabilities,
-    selection) are bitwise the NumPy step's."""
-    params = SamplingParams(seed=5, top_k=30, top_p=0.9, min_p=0.02, temperature=0.6)
+    selection, sorted or in vocabulary order) are bitwise the NumPy step's."""
+    params = SamplingParams(seed=5, top_k=top_k, top_p=0.9 if top_k else 1.0, min_p=0.02, temperature=0.6)
     rows = [realistic(n, seed) for seed in range(4)]
     seen = []
     for module in (NATIVE, None):

@@ -139,16 +139,18 @@ class Chain(Sampler):
             return None
         self._plan()
         whole = self._whole
-        if type(whole) is not _FusedTail or whole.top_k is None or whole.top_k.k < 1:
+        if type(whole) is not _FusedTail:
             return None
-        width = min(whole.top_k.k, logits.size)
+        top_k = whole.top_k
+        k_on = top_k is not None and not top_k.disabled
+        width = min(top_k.k if k_on else _NATIVE_MAX_K, logits.size)  # type: ignore[union-attr]
         if width > _NATIVE_MAX_K:  # the compiled step declines
             return None
         out = np.empty(2 + 3 * width, dtype=np.int32)
         token = whole.sample(logits, out)
         if token < 0:
             return None
-        return token, lambda: _FusedTail.candidates_from(out)
+        return token, lambda: _FusedTail.candidates_from(out, k_on)
 
     @property
     def perf(self) -> PerfCounters:
@@ -257,8 +259,9 @@ class _FusedTail:
     def sample(self, logits: object, out: np.ndarray | None) -> int:
         """The step on full-vocabulary ``logits`` in one call of the compiled step (``csrc/sampling.c``): the
         selected token, or -1 where that does not apply (no compiled step, logits that are not a binary32
-        vector, no top-k or k > 2048, a dynamic temperature, and inputs the NumPy step handles: NaN, every
-        candidate masked, an overflowing temperature), with the generator as it was. ``out``, when given (an
+        vector, k > 2048, top-p without top-k, more than 2048 min-p survivors without top-k, a dynamic
+        temperature, and inputs the NumPy step handles: NaN, every candidate masked, an overflowing temperature),
+        with the generator as it was. ``out``, when given (an
         int32 array of ``2 + 3 * min(k, len(logits))``), receives the candidates (:meth:`candidates_from`).
 
         The members' parameters are read again only when one of them was assigned (``samplers.base.changes``):
@@ -289,29 +292,31 @@ class _FusedTail:
         native = _native.sampling()
         top_k, top_p, min_p, temp = self.top_k, self.top_p, self.min_p, self.temp
         self._rng = self.dist.rng
-        if native is None or top_k is None or top_k.disabled:
+        p_on = top_p is not None and not top_p.disabled
+        m_on = min_p is not None and not min_p.disabled
+        k_on = top_k is not None and not top_k.disabled
+        if native is None or not (k_on or (m_on and not p_on)):  # without top-k: min-p sorts nothing, top-p would
             return None
         t = None
         if temp is not None and not temp.disabled:
             if type(temp) is DynamicTemperature and float(temp.delta) > 0.0:
                 return None
             t = float(temp.t)
-        p_on = top_p is not None and not top_p.disabled
-        m_on = min_p is not None and not min_p.disabled
         # C ints: counts past the candidates (at most 2048 there) act as the candidates' count, below 0 as 0
-        return native.fused_tail, (_c_count(top_k.k), float(top_p.p) if p_on else 1.0,
+        return native.fused_tail, (_c_count(top_k.k) if k_on else 0, float(top_p.p) if p_on else 1.0,
                                    _c_count(top_p.min_keep) if p_on else -1, float(min_p.log_p) if m_on else 0.0,
                                    _c_count(min_p.min_keep) if m_on else -1, t)
 
     @staticmethod
-    def candidates_from(out: np.ndarray) -> Candidates:
-        """The candidates :meth:`sample` wrote into ``out``: sorted, with their probabilities and selection."""
+    def candidates_from(out: np.ndarray, sorted: bool) -> Candidates:
+        """The candidates :meth:`sample` wrote into ``out``, with their probabilities and selection: sorted after
+        top-k, in vocabulary order after min-p alone."""
         m, selected = int(out[0]), int(out[1])
         width = (len(out) - 2) // 3
         ids = out[2:2 + m].copy()
         logits = out[2 + width:2 + width + m].view(_F32).copy()
         probs = out[2 + 2 * width:2 + 2 * width + m].view(_F32).copy()
-        c = Candidates(ids, logits, probs, sorted=True)
+        c = Candidates(ids, logits, probs, sorted=sorted)
         c.selected = selected
         return c
 

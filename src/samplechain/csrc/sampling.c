@@ -1,9 +1,10 @@
 /* samplechain._csampling: the sampler chain's fused step in one call, for the per-token path of the CPU chain.
  *
  * A CPython extension module (compiled on first use by samplechain/_native.py, for the machine it runs on). It
- * computes exactly what chain.py's _FusedTail computes for full-vocabulary logits when the run starts with top-k:
+ * computes exactly what chain.py's _FusedTail computes for full-vocabulary logits in two cases:
  *
  *   top-k (k <= 2048) -> [top-p] -> [min-p] -> [temperature] -> dist
+ *   min-p (at most 2048 survivors) -> [temperature] -> dist
  *
  * bit for bit: the same candidates (descending logit, ties by lower position), the same binary32 arithmetic
  * (expf as the binary64 exponential rounded once to binary32, as samplechain/_numeric.py defines it; binary32
@@ -214,6 +215,77 @@ static int nucleus(const float *xs, int n, float p, int min_keep, float *e) {
     return i < n ? i + 1 : 0;
 }
 
+/* min-p over the full vocabulary, no top-k before it (samplers/probability_filters.py MinP.apply on fresh candidates,
+ * then Temperature.apply): the positions whose logit is >= max + log p, in ascending order, into w->h[].i, their
+ * logits (divided by t when has_t) into w->rows; their count into *count. -1: NaN or +inf, every logit -inf, or a
+ * temperature that does not divide (the NumPy step); -2: more than MAX_K survivors or fewer than min_keep (NumPy
+ * then sorts, and its dist over more than 2048 candidates uses NumPy's own exponential). */
+static int min_p_unsorted(const float *restrict x, Py_ssize_t n, float log_p, long min_keep, int has_t, float t,
+                          work *w, int *count) {
+    v16f inf = {0}, mv;
+    inf += INFINITY;
+    v16i badv = {0};
+    float mx = -INFINITY;
+    Py_ssize_t j = 0;
+    if (n >= 16) {
+        memcpy(&mv, x, sizeof mv);
+        for (; j + 16 <= n; j += 16) {
+            v16f v;
+            memcpy(&v, x + j, sizeof v);
+            v16i g = v > mv;
+            mv = (v16f)((g & (v16i)v) | (~g & (v16i)mv));
+            badv |= (v != v) | (v == inf);
+        }
+        for (int l = 0; l < 16; l++) mx = mv[l] > mx ? mv[l] : mx;
+    }
+    int badp = 0;
+    for (; j < n; j++) {
+        badp |= bad(x[j]);
+        mx = x[j] > mx ? x[j] : mx;
+    }
+    v8l bl = (v8l)badv;
+    CLEAN_UPPER();
+    if (badp || (bl[0] | bl[1] | bl[2] | bl[3] | bl[4] | bl[5] | bl[6] | bl[7]) || mx == -INFINITY) return -1;
+    float thr = mx + log_p;
+    v16f tv = {0};
+    tv += thr;
+    int c = 0;
+    for (j = 0; j < n; j += 64) { /* blocks of 64 with no logit >= thr are passed over */
+        Py_ssize_t end = j + 64 < n ? j + 64 : n;
+        if (end - j == 64) {
+            v16i hit = {0};
+            for (int b = 0; b < 4; b++) {
+                v16f v;
+                memcpy(&v, x + j + 16 * b, sizeof v);
+                hit |= v >= tv;
+            }
+            v8l hl = (v8l)hit;
+            if (!(hl[0] | hl[1] | hl[2] | hl[3] | hl[4] | hl[5] | hl[6] | hl[7])) continue;
+        }
+        for (Py_ssize_t i = j; i < end; i++) {
+            if (x[i] >= thr) {
+                if (c == MAX_K) return -2;
+                w->h[c].i = (int32_t)i;
+                w->rows[c++] = x[i];
+            }
+        }
+    }
+    CLEAN_UPPER();
+    if (c == 0 || c < min_keep) return -2;
+    if (has_t) { /* temperature.py divides(): t >= 1, or every |logit| within FLT_MAX * t */
+        double tf = t;
+        if (!(tf > 0.0)) return -1;
+        if (tf < 1.0) {
+            double lo = w->rows[0];
+            for (int i = 1; i < c; i++) lo = w->rows[i] < lo ? w->rows[i] : lo;
+            if (fmax(fabs((double)mx), fabs(lo)) > (double)FLT_MAX * tf) return -1;
+        }
+        for (int i = 0; i < c; i++) w->rows[i] = w->rows[i] / t;
+    }
+    *count = c;
+    return 0;
+}
+
 /* The logits as a contiguous 1-D binary32 NumPy array (read through NumPy's C structure, not the buffer
  * protocol, which costs some 5 us more when the caches are cold); NULL otherwise. */
 static const float *logits_of(PyObject *obj, Py_ssize_t *n) {
@@ -234,13 +306,14 @@ static double uniform_double(uint64_t lo, uint64_t hi) {
 }
 
 /* fused_tail(x, params, words, at, out) -> token, or -1 / -2 (see the top).
- *   params: (k, p, p_min_keep, log_p, m_min_keep, t): p_min_keep < 0: no top-p; m_min_keep < 0: no min-p;
- *   t None: no temperature.
+ *   params: (k, p, p_min_keep, log_p, m_min_keep, t): k 0: no top-k (then min-p and no top-p); p_min_keep < 0:
+ *   no top-p; m_min_keep < 0: no min-p; t None: no temperature.
  *   words, at: the dist sampler's buffered generator words (LlamaRng._buf, a list) and the position of the next
  *   unread one (the caller checked that two are left; it advances the position by two when a token is returned);
  *   or None and the uniform double already drawn.
- *   out: None, or a writable int32 buffer of at least 2 + 3 * min(k, len(x)) entries, receiving the count m and
- *   the selected position, then m ids, m logits and m probabilities (binary32 bits) at 2, 2 + K and 2 + 2K. */
+ *   out: None, or a writable int32 buffer of at least 2 + 3 * K entries, K = min(k or 2048, len(x)), receiving the
+ *   count m and the selected position, then m ids, m logits and m probabilities (binary32 bits) at 2, 2 + K and
+ *   2 + 2K. */
 static PyObject *fused_tail(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 5 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != 6) {
@@ -271,17 +344,30 @@ static PyObject *fused_tail(PyObject *self, PyObject *const *args, Py_ssize_t na
     if (PyErr_Occurred()) return NULL;
     Py_ssize_t n;
     const float *x = logits_of(args[0], &n);
-    if (x == NULL || k_arg < 1) return PyLong_FromLong(-2);
-    int kk = (int)(k_arg < n ? k_arg : n);
-    if (kk > MAX_K) return PyLong_FromLong(-2);
+    if (x == NULL || k_arg < 0) return PyLong_FromLong(-2);
     work *w = workspace();
     item *h = w->h;
+    float *rows = w->rows, *e = w->e;
+    double *q = w->q;
+    float t = (float)t_d;
+    int kk, k; /* kk: the width of the output (candidates of the top-k path); k: the candidates drawn from */
+    float top; /* the largest of rows[0..k) */
+    if (k_arg == 0) { /* no top-k: min-p over the full vocabulary, unsorted (no top-p: it would sort) */
+        if (m_min_keep < 0 || p_min_keep >= 0) return PyLong_FromLong(-2);
+        kk = (int)(n < MAX_K ? n : MAX_K);
+        int r = min_p_unsorted(x, n, (float)log_p_d, m_min_keep, has_t, t, w, &k);
+        if (r) return PyLong_FromLong(r);
+        top = rows[0];
+        for (int i = 1; i < k; i++) top = rows[i] > top ? rows[i] : top;
+        goto draw;
+    }
+    kk = (int)(k_arg < n ? k_arg : n);
+    if (kk > MAX_K) return PyLong_FromLong(-2);
     if (top_k(x, n, kk, h, w)) return PyLong_FromLong(-1);
 
     float *xs = w->xs;
     for (int i = 0; i < kk; i++) xs[i] = h[i].v;
     if (xs[0] == -INFINITY) return PyLong_FromLong(-1); /* every candidate masked: dist raises */
-    float t = (float)t_d;
     if (has_t) { /* chain.py: the temperature divides (else: greedy masking, left to the members) */
         double tf = t, limit = (double)FLT_MAX * tf;
         int ok = 1.0 > tf && tf > 0.0 && -limit <= xs[kk - 1] && -limit <= xs[0] && xs[0] <= limit;
@@ -300,7 +386,7 @@ static PyObject *fused_tail(PyObject *self, PyObject *const *args, Py_ssize_t na
         }
         if (!ok) return PyLong_FromLong(-1);
     }
-    int k = kk;
+    k = kk;
     if (m_min_keep >= 0) { /* min-p over descending logits: the entries >= x0 + log p, at least 1, min_keep */
         float thr = xs[0] + (float)log_p_d;
         int count = 0;
@@ -309,18 +395,18 @@ static PyObject *fused_tail(PyObject *self, PyObject *const *args, Py_ssize_t na
         long floor_keep = m_min_keep < kk ? m_min_keep : kk;
         k = count > floor_keep ? count : (int)floor_keep;
     }
-    float *rows = w->rows, *e = w->e;
-    double *q = w->q;
     if (k > 1 && p_min_keep >= 0) {
         int keep = nucleus(xs, kk, (float)p, (int)p_min_keep, e);
         if (0 < keep && keep < k) k = keep;
     }
     for (int i = 0; i < kk; i++) rows[i] = has_t ? xs[i] / t : xs[i];
+    top = rows[0];
+draw:;
     int sel = 0;
     if (k > 1) {
         double s = 0.0;
         for (int i = 0; i < k; i++) {
-            e[i] = expf_exact(rows[i] - rows[0]);
+            e[i] = expf_exact(rows[i] - top);
             s += (double)e[i];
             q[i] = s;
         }
