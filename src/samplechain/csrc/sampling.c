@@ -100,6 +100,22 @@ typedef float v16f __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 typedef int64_t v8l __attribute__((vector_size(64)));
 
+static inline int any_lane(v16i m) {
+    v8l l = (v8l)m;
+    return (l[0] | l[1] | l[2] | l[3] | l[4] | l[5] | l[6] | l[7]) != 0;
+}
+
+/* Whether any of the 64 logits at x is >= the threshold broadcast in tv. */
+static inline int block_reaches(const float *x, v16f tv) {
+    v16i hit = {0};
+    for (int q = 0; q < 4; q++) {
+        v16f v;
+        memcpy(&v, x + 16 * q, sizeof v);
+        hit |= v >= tv;
+    }
+    return any_lane(hit);
+}
+
 /* Offer (v, j) to the heap of `*filled` (of k) best: it enters a full heap if the root ranks after it. */
 static inline void offer(item *h, int k, int *filled, float v, int32_t j) {
     item c = {v, j};
@@ -152,8 +168,7 @@ static int top_k(const float *restrict x, Py_ssize_t n, int k, item *restrict h,
             }
         }
         for (Py_ssize_t j = grid; j < n; j++) badp |= bad(x[j]);
-        v8l l = (v8l)badv;
-        if (badp || (l[0] | l[1] | l[2] | l[3] | l[4] | l[5] | l[6] | l[7])) return -1;
+        if (badp || any_lane(badv)) return -1;
         /* T: the k-th largest column maximum (a heap of values whose root is the smallest) */
         item *restrict th = w->th;
         int tf = 0;
@@ -163,14 +178,7 @@ static int top_k(const float *restrict x, Py_ssize_t n, int k, item *restrict h,
         tv += t;
         Py_ssize_t j = 0;
         for (; j + 64 <= n; j += 64) { /* contiguous: blocks of 64 with no logit >= T are passed over */
-            v16i hit = {0};
-            for (int q = 0; q < 4; q++) {
-                v16f v;
-                memcpy(&v, x + j + 16 * q, sizeof v);
-                hit |= v >= tv;
-            }
-            v8l hl = (v8l)hit;
-            if (!(hl[0] | hl[1] | hl[2] | hl[3] | hl[4] | hl[5] | hl[6] | hl[7])) continue;
+            if (!block_reaches(x + j, tv)) continue;
             for (int q = 0; q < 64; q++)
                 if (x[j + q] >= t) offer(h, k, &filled, x[j + q], (int32_t)(j + q));
         }
@@ -243,25 +251,16 @@ static int min_p_unsorted(const float *restrict x, Py_ssize_t n, float log_p, lo
         badp |= bad(x[j]);
         mx = x[j] > mx ? x[j] : mx;
     }
-    v8l bl = (v8l)badv;
+    int any_bad = badp || any_lane(badv);
     CLEAN_UPPER();
-    if (badp || (bl[0] | bl[1] | bl[2] | bl[3] | bl[4] | bl[5] | bl[6] | bl[7]) || mx == -INFINITY) return -1;
+    if (any_bad || mx == -INFINITY) return -1;
     float thr = mx + log_p;
     v16f tv = {0};
     tv += thr;
     int c = 0;
     for (j = 0; j < n; j += 64) { /* blocks of 64 with no logit >= thr are passed over */
         Py_ssize_t end = j + 64 < n ? j + 64 : n;
-        if (end - j == 64) {
-            v16i hit = {0};
-            for (int b = 0; b < 4; b++) {
-                v16f v;
-                memcpy(&v, x + j + 16 * b, sizeof v);
-                hit |= v >= tv;
-            }
-            v8l hl = (v8l)hit;
-            if (!(hl[0] | hl[1] | hl[2] | hl[3] | hl[4] | hl[5] | hl[6] | hl[7])) continue;
-        }
+        if (end - j == 64 && !block_reaches(x + j, tv)) continue;
         for (Py_ssize_t i = j; i < end; i++) {
             if (x[i] >= thr) {
                 if (c == MAX_K) return -2;
