@@ -75,9 +75,9 @@ class Chain(Sampler):
         if self._plan_for != samplers:  # by identity: samplers define no equality
             self._plan_for = list(samplers)
             self._steps = _steps(self._plan_for)
-            only = self._plan_for[0] if len(self._steps) == 1 else None
-            self._whole = (self._steps[0] if type(self._steps[0]) is _FusedTail
-                           else _GREEDY if type(only) is Greedy else None) if only is not None else None
+            step = self._steps[0] if len(self._steps) == 1 else None
+            self._whole = step if type(step) is _FusedTail else (
+                _GREEDY if len(samplers) == 1 and type(samplers[0]) is Greedy else None)
             self._acceptors = [s for s in samplers if type(s).accept is not Sampler.accept or "accept" in vars(s)]
         return self._steps
 
@@ -261,8 +261,8 @@ class _FusedTail:
         selected token, or -1 where that does not apply (no compiled step, logits that are not a binary32
         vector, k > 2048, top-p without top-k, more than 2048 min-p survivors without top-k, a dynamic
         temperature, and inputs the NumPy step handles: NaN, every candidate masked, an overflowing temperature),
-        with the generator as it was. ``out``, when given (an
-        int32 array of ``2 + 3 * min(k, len(logits))``), receives the candidates (:meth:`candidates_from`).
+        with the generator as it was. ``out``, when given (an int32 array of ``2 + 3 * min(k or 2048, len(logits))``),
+        receives the candidates (:meth:`candidates_from`).
 
         The members' parameters are read again only when one of them was assigned (``samplers.base.changes``):
         cold, as after a forward pass, each Python operation costs microseconds."""
