@@ -153,7 +153,8 @@ def test_the_policy_on_measured_costs():
     """The decode loop's timings on a fake clock: a one-token step takes 10 ms (20 ms from the 20th forward on: load
     elsewhere), n tokens 1 + 0.1 (n - 1) steps; every third round has nothing to draft. The batches timed while the
     last steps were still the quiet ones look twice as dear, and the median of each size's ratios leaves them out:
-    the fit is the machine's, and the lengths are those of the policy on the exact cost model."""
+    the fit is the machine's, and the lengths are those of the policy on the exact cost model, but for the three
+    rounds that measure the neighbouring length (15) once 16 has been measured three times."""
     forwards = [0]
 
     def clock(batch):
@@ -166,10 +167,31 @@ def test_the_policy_on_measured_costs():
     outcomes = [ALL] * 10 + [3] + [ALL] * 29
     measured = Speculation([Long(every_third_idle)], n_max=16)
     got = lengths(measured, outcomes, clock)
-    assert got == [0, 4, 8] + [0, 16, 16] * 2 + [0, 16, 9] + [0, 16, 16] * 9 + [0]
-    assert got == lengths(Speculation([Long(every_third_idle)], n_max=16, cost=LinearCost(0.1)), outcomes)
+    assert got == [0, 4, 8] + [0, 16, 16, 0, 16, 15, 0, 15, 9, 0, 15, 16] + [0, 16, 16] * 8 + [0]
+    exact = lengths(Speculation([Long(every_third_idle)], n_max=16, cost=LinearCost(0.1)), outcomes)
+    assert [i for i, (a, b) in enumerate(zip(got, exact, strict=True)) if a != b] == [8, 10, 13]
+    assert {size: measured.cost.samples(size) for size in (16, 17)} == {16: 3, 17: 20}
     assert list(measured.cost.ratios[17]).count(pytest.approx(5.2)) == 4  # 2.6 steps, against the quiet ones
     assert measured.cost.slope == pytest.approx(0.1)
+
+
+def test_the_policy_finds_a_step_in_the_verify_cost():
+    """A kernel that pads batches to 16 rows: 17 tokens cost a 16-row group more than 16 (a one-token step takes 5
+    ticks, each more token 1, a 17th 5 more). The line through the measured sizes cannot see it; the neighbouring
+    lengths are measured once the chosen one is (three forwards each), and the drafts settle at 15 tokens: with every
+    draft accepted, a batch of 16 emits 16 tokens for 4 steps, one of 17 emits 17 for 5.2."""
+    def clock(batch):
+        return 5.0 + (batch - 1) + (5.0 if batch > 16 else 0.0)
+
+    def every_third_idle(round_):
+        return round_ % 3 != 1
+
+    spec = Speculation([Long(every_third_idle)], n_max=16)
+    got = lengths(spec, [ALL] * 40, clock)
+    assert got == [0, 4, 7, 0, 12, 16, 0, 16, 16] + [0, 15, 15, 0, 15, 14, 0, 14, 14] + [0, 15, 15] * 7 + [0]
+    assert {size: (spec.cost.samples(size), spec.cost.ratio(size)) for size in (15, 16, 17)} == {
+        15: (3, 3.8), 16: (17, 4.0), 17: (3, 5.2)}
+    assert spec.cost.ratio(13) == 1 + 12 * spec.cost.slope  # measured once: the line
 
 
 # --- with the model ------------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ START = 4  # a drafter's first window, and the length of a probe after a run of 
 MARGIN = 1.05  # drafting must beat plain decoding by this factor in expected tokens per unit of time (noise)
 KEEP = 32  # forwards of one batch size remembered by ``MeasuredCost``
 RECENT = 3  # one-token steps a batch is compared with (the latest ones: their median)
+MEASURED = 3  # forwards of one batch size from which its own median is its cost (before: the fitted line)
 
 
 @runtime_checkable
@@ -66,6 +67,10 @@ class CostModel(Protocol):
     def ratio(self, batch: int) -> float | None:
         """The cost of a ``batch``-token forward in one-token steps; None while it is not known."""
 
+    def samples(self, batch: int) -> int:
+        """How many forwards of ``batch`` tokens the cost of that size rests on (an exact model: any number from
+        ``MEASURED`` on)."""
+
 
 @dataclass
 class MeasuredCost:
@@ -75,22 +80,24 @@ class MeasuredCost:
     counts as its ratio to the median of the ``RECENT`` one-token steps before it: both measured under the same load
     (the machine may be shared, and its load changes within a generation), where a fastest-ever step against a batch
     timed under load would make drafting look dear. Each size keeps its last ``KEEP`` ratios and counts by their
-    median (a forward slowed by a burst of load elsewhere does not move it). The cost of ``n`` tokens is then
-    ``1 + slope * (n - 1)`` one-token steps, ``slope`` the least-squares line through (1, 1) and each size's median
-    ratio, weighted by how many times the size was measured. Unknown (None) until a one-token step and a batch
-    of two or more tokens have been timed (batches timed before the first step count against it): the first drafts
-    are the measurement."""
+    median (a forward slowed by a burst of load elsewhere does not move it). A size measured ``MEASURED`` times or
+    more costs that median: a kernel's cost is a staircase (the AMX kernel pads a batch to a multiple of 16 rows, so
+    17 tokens cost a quarter more than 16), which no line follows. Any other size costs ``1 + slope * (n - 1)``
+    one-token steps, ``slope`` the least-squares line through (1, 1) and each size's median ratio, weighted by how
+    many times the size was measured. Unknown (None) until a one-token step and a batch of two or more tokens have
+    been timed (batches timed before the first step count against it): the first drafts are the measurement."""
 
     steps: deque[float] = field(default_factory=lambda: deque(maxlen=KEEP))  # one-token forwards, seconds
     ratios: dict[int, deque[float]] = field(default_factory=dict)  # batch size -> its forwards / recent steps
     seconds: dict[int, deque[float]] = field(default_factory=dict)  # batch size -> its forwards, seconds
     pending: list[tuple[int, float]] = field(default_factory=list)  # (size, seconds) before any one-token step
-    _slope: tuple[float | None] | None = None  # the fit, until the next forward is recorded
+    # the fit and each size's median ratio, until the next forward is recorded
+    _fit: tuple[float | None, dict[int, float]] | None = None
 
     def record(self, batch: int, seconds: float) -> None:
         if batch < 1 or not seconds > 0:
             return
-        self._slope = None
+        self._fit = None
         self.seconds.setdefault(batch, deque(maxlen=KEEP)).append(seconds)
         if batch == 1:
             self.steps.append(seconds)
@@ -103,21 +110,32 @@ class MeasuredCost:
         elif len(self.pending) < KEEP:
             self.pending.append((batch, seconds))
 
+    def _fitted(self) -> tuple[float | None, dict[int, float]]:
+        if self._fit is None:
+            medians = {batch: float(np.median(r)) for batch, r in self.ratios.items()}
+            num = den = 0.0
+            for batch, m in medians.items():
+                x, y, w = batch - 1, m - 1.0, len(self.ratios[batch])
+                num += w * x * y
+                den += w * x * x
+            self._fit = (max(num / den, 0.0) if den else None, medians)
+        return self._fit
+
     @property
     def slope(self) -> float | None:
         """Each token past the first, in one-token steps (>= 0); None until measured."""
-        if self._slope is None:
-            num = den = 0.0
-            for batch, ratios in self.ratios.items():
-                x, y, w = batch - 1, float(np.median(ratios)) - 1.0, len(ratios)
-                num += w * x * y
-                den += w * x * x
-            self._slope = (max(num / den, 0.0) if den else None,)
-        return self._slope[0]
+        return self._fitted()[0]
 
     def ratio(self, batch: int) -> float | None:
-        s = self.slope
-        return None if s is None else 1.0 + s * (batch - 1)
+        s, medians = self._fitted()
+        if s is None:
+            return None
+        if batch > 1 and len(self.ratios.get(batch, ())) >= MEASURED:
+            return medians[batch]
+        return 1.0 + s * (batch - 1)
+
+    def samples(self, batch: int) -> int:
+        return len(self.ratios.get(batch, ()))
 
     def describe(self) -> str:
         """The measurement in words: the most measured batch size against a one-token step (medians, ms), and the
@@ -142,6 +160,9 @@ class LinearCost:
 
     def ratio(self, batch: int) -> float | None:
         return 1.0 + self.slope * (batch - 1)
+
+    def samples(self, batch: int) -> int:
+        return MEASURED  # exact: nothing to measure
 
 
 @dataclass
@@ -224,14 +245,23 @@ class Speculation:
 
     def best_length(self, rate: float, limit: int) -> int:
         """The draft length (0..limit) with the most expected tokens per unit of time; 0 when no length beats plain
-        decoding by ``MARGIN``; ``limit`` while the verify cost is not measured yet."""
-        if self.cost.ratio(2) is None:
+        decoding by ``MARGIN``; ``limit`` while the verify cost is not measured yet.
+
+        Once the best length's batch has been measured ``MEASURED`` times, a neighbouring length whose batch has not
+        is returned instead until it has: the fitted line cannot see a step in the kernel's cost, so the sizes
+        around the chosen one are measured rather than predicted (a few rounds, once per size)."""
+        cost = self.cost
+        if cost.ratio(2) is None:
             return limit
         best_k, best = 0, MARGIN
         for k in range(1, limit + 1):
-            speed = expected_tokens(rate, k) / self.cost.ratio(k + 1)  # type: ignore[operator]
+            speed = expected_tokens(rate, k) / cost.ratio(k + 1)  # type: ignore[operator]
             if speed > best:
                 best_k, best = k, speed
+        if best_k and cost.samples(best_k + 1) >= MEASURED:
+            for k in (best_k - 1, best_k + 1):
+                if 1 <= k <= limit and cost.samples(k + 1) < MEASURED:
+                    return k
         return best_k
 
     def length(self, name: str, limit: int) -> int:
