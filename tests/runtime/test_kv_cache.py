@@ -163,6 +163,19 @@ def test_the_engines_halves_round_to_nearest_even_as_numpy():
     nan = np.array([np.nan], dtype=np.float32)
     lib.sc_f32_to_f16(ctypes.c_void_p(nan.ctypes.data), ctypes.c_void_p(got.ctypes.data), 1)
     assert got[0] & 0x7C00 == 0x7C00 and got[0] & 0x3FF
+    # NaNs, quiet and signalling, both signs: eight at a time (F16C where compiled in) as one at a time
+    bits = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FBFFFFF, 0x7FA00000, 0x7F802000, 0xFFFFFFFF,
+                     0x7FC01234, 0xFF812345, 0x7F9FE000, 0xFFC00001, 0x7FFFE000, 0x7F800400, 0xFF801000, 0x7FD55555],
+                    dtype=np.uint32)
+    nans = np.ascontiguousarray(bits.view(np.float32))
+    eight = np.empty(16, dtype=np.uint16)
+    lib.sc_f32_to_f16(ctypes.c_void_p(nans.ctypes.data), ctypes.c_void_p(eight.ctypes.data), 16)
+    one = np.empty(16, dtype=np.uint16)
+    for i in range(16):
+        lib.sc_f32_to_f16(ctypes.c_void_p(nans[i:].ctypes.data), ctypes.c_void_p(one[i:].ctypes.data), 1)
+    assert eight.tolist() == one.tolist()
+    assert one.tolist() == [0x7E00, 0xFE00, 0x7E00, 0xFE00, 0x7FFF, 0x7F00, 0x7E01, 0xFFFF,
+                            0x7E00, 0xFE09, 0x7EFF, 0xFE00, 0x7FFF, 0x7E00, 0xFE00, 0x7EAA]
 
 
 def test_the_cache_is_16_bit_by_default_and_f32_on_request(smol):
