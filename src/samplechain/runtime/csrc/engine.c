@@ -1500,8 +1500,11 @@ static inline void tiles_amx_kind(const sc_linear *L, int t, const q16_rows *xq,
     amx_configure();
     __m512 acc[AMX_CHUNK];
     for (int j = 0; j < groups * AMX_ROWS; j++) acc[j] = _mm512_setzero_ps();
-    int8_t w[AMX_W] __attribute__((aligned(64)));
+    /* two blocks' weights: the next block is unpacked once this one's tiles are loaded, so that a tile load never
+       waits for the vector stores just before it */
+    int8_t w[2][AMX_W] __attribute__((aligned(64)));
     memset(w, 0, sizeof w);
+    amx_weights(L, (size_t)t * nb, kind, w[0]);
     int32_t sums[AMX_AHEAD + 1][2][AMX_ROWS][TILE] __attribute__((aligned(64)));  /* [unit % 3][hi, lo] */
     __m512 dv[AMX_AHEAD + 1][2], mv[AMX_AHEAD + 1];  /* [block % 3] */
     for (int u = -AMX_AHEAD; u < units; u++) {
@@ -1510,14 +1513,14 @@ static inline void tiles_amx_kind(const sc_linear *L, int t, const q16_rows *xq,
             int g = v % groups, bh = v / groups, b = bh / halves, h = bh % halves;
             if (g == 0) {
                 if (h == 0) {
-                    amx_weights(L, (size_t)t * nb + b, kind, w);
                     mv[b % 3] = _mm512_setzero_ps();
                     scales_avx512(L, t, b, dv[b % 3], &mv[b % 3]);
                 }
                 /* the weights in tile rows 0-7 (hi) / 8-15 (lo); W6: half h's in rows 4h.. (hi) / 8 + 4h.. (lo) */
-                const int8_t *wh = halves == 2 ? w + AMX_HALF * h + 1024 - 256 * h : w + 512;
+                const int8_t *wb = w[b & 1], *wh = halves == 2 ? wb + AMX_HALF * h + 1024 - 256 * h : wb + 512;
                 _tile_loadd(6, wh, 64);
                 _tile_loadd(7, wh - 512, 64);
+                if (h == halves - 1 && b + 1 < nb) amx_weights(L, (size_t)t * nb + b + 1, kind, w[(b + 1) & 1]);
             }
             amx_group(v & 1, xq->amx + ((size_t)g * nb + b) * 1024, 64, sums[v % 3][0][0], sums[v % 3][1][0]);
         }
