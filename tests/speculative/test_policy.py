@@ -82,6 +82,17 @@ def test_window_doubles_while_drafts_are_accepted():
     assert spec.stats["long"].window == 16
 
 
+def test_the_window_follows_the_text_across_drafters():
+    """One drafter starts a copy (its only proposal), another continues it at the length reached; a rejection of the
+    second shrinks the window the first would draft with."""
+    first = Long(lambda round_: round_ == 1)
+    first.name = "first"
+    spec = Speculation([first, Long()], n_max=16, cost=LinearCost(0.0))  # free verify batches: the window decides
+    assert lengths(spec, [ALL, ALL, ALL, 2]) == [4, 8, 16, 16]
+    assert {name: s.window for name, s in spec.stats.items()} == {"first": 9, "long": 9}
+    assert (spec.stats["first"].drafts, spec.stats["long"].drafts) == (1, 3)
+
+
 def test_window_shrinks_on_rejection_and_grows_back():
     spec = Speculation([Long()], n_max=16, cost=LinearCost(0.1))
     # 16 drafted, 2 taken: the next window is (16 + 2) // 2 = 9; two rejections at once halve it twice

@@ -7,9 +7,9 @@ exactly the text of plain decoding, for any sampler and seed, whatever the draft
 
 The draft length (docs/speculative.md, "The draft length") is the smallest of three bounds:
 
-* a window per drafter that grows while its drafts are accepted (a fully accepted draft of ``k`` tokens lets the
-  next one be ``2k`` long, up to ``--draft-max``) and shrinks on a rejection (to the middle of what was drafted and
-  what was accepted);
+* a window that grows while drafts are accepted (a fully accepted draft of ``k`` tokens lets the next one be ``2k``
+  long, up to ``--draft-max``) and shrinks on a rejection (to the middle of what was drafted and what was accepted),
+  whichever drafter drafted: it follows the text;
 * the length with the most expected tokens per unit of time: with a per-token acceptance rate ``a`` (estimated per
   drafter) a draft of ``k`` tokens emits ``1 + a + ... + a^k`` tokens on average, for the price of a ``k + 1``-token
   verify batch, whose cost relative to a one-token step is measured from the engine's own forward timings as it
@@ -168,7 +168,7 @@ class LinearCost:
 @dataclass
 class DrafterStats:
     """llama.cpp's per-implementation counters, plus the policy's state for the drafter: its acceptance estimate
-    and its window (the longest draft it may make next)."""
+    and the window (the longest draft it may make next; every drafter's is set by the last verified round)."""
 
     drafts: int = 0          # drafts generated
     drafted: int = 0         # tokens drafted (after the length cap)
@@ -355,6 +355,10 @@ class Speculation:
             s.window = min(max(s.window, 2 * n_accepted), max(self.n_max, 1))
         elif n_drafted:  # a rejection: halfway between what was drafted and what held
             s.window = max((n_drafted + n_accepted) // 2, 1)
+        # the window follows the text, not the drafter: a copy that one drafter started another one continues at
+        # the length reached (ngram-map-k's first 4 tokens, then ngram-simple's 8, not 4 again)
+        for other in self.stats.values():
+            other.window = s.window
         for other in self.drafters:
             other.accept(n_accepted, is_other=other is not d)
 
