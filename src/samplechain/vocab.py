@@ -86,8 +86,11 @@ class Vocab:
         gguf = source if isinstance(source, GGUFFile) else GGUFFile(source)
         meta = gguf.metadata
         tok = GGUFTokenizer(meta)
+        tokens = token_bytes_table(tok.model, tok.tokens, tok.types)
+        # one object where a token's piece is its bytes (most are): ~6 MiB less for a 152k-token vocabulary
+        tok.pieces = [t if p == t else p for t, p in zip(tokens, tok.pieces, strict=True)]
         vocab = cls(
-            token_bytes_table(tok.model, tok.tokens, tok.types),
+            tokens,
             eog=tok.eog,
             special=[i for i, a in enumerate(tok.attrs) if a & (ATTR_CONTROL | ATTR_UNKNOWN)],
             bos=tok.bos, eos=tok.eos, eot=tok.eot,
