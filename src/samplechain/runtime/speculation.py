@@ -22,6 +22,7 @@ It is never below ``--draft-min``: a shorter draft would be dropped, and with it
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -81,10 +82,11 @@ class MeasuredCost:
     (the machine may be shared, and its load changes within a generation), where a fastest-ever step against a batch
     timed under load would make drafting look dear. Each size keeps its last ``KEEP`` ratios and counts by their
     median (a forward slowed by a burst of load elsewhere does not move it). A size measured ``MEASURED`` times or
-    more costs that median: a kernel's cost is a staircase (the AMX kernel pads a batch to a multiple of 16 rows, so
-    17 tokens cost a quarter more than 16), which no line follows. Any other size costs ``1 + slope * (n - 1)``
-    one-token steps, ``slope`` the least-squares line through (1, 1) and each size's median ratio, weighted by how
-    many times the size was measured. Unknown (None) until a one-token step and a batch of two or more tokens have
+    more costs that median: a kernel's cost is a staircase (the AMX kernel computes 16 rows at a time: on SmolLM2 12
+    to 16 tokens cost about the same, and 17 had cost a quarter more than 16 until a short last group went to the
+    AVX-512 code), which no line follows. Any other size costs ``1 + slope * (n - 1)`` one-token steps, ``slope`` the
+    least-squares line through (1, 1) and each size's median ratio, weighted by how many times the size was
+    measured. Unknown (None) until a one-token step and a batch of two or more tokens have
     been timed (batches timed before the first step count against it): the first drafts are the measurement."""
 
     steps: deque[float] = field(default_factory=lambda: deque(maxlen=KEEP))  # one-token forwards, seconds
@@ -105,14 +107,14 @@ class MeasuredCost:
                 self.ratios.setdefault(b, deque(maxlen=KEEP)).append(s / seconds)
             self.pending.clear()
         elif self.steps:
-            step = float(np.median(list(self.steps)[-RECENT:]))
+            step = statistics.median(list(self.steps)[-RECENT:])
             self.ratios.setdefault(batch, deque(maxlen=KEEP)).append(seconds / step)
         elif len(self.pending) < KEEP:
             self.pending.append((batch, seconds))
 
     def _fitted(self) -> tuple[float | None, dict[int, float]]:
         if self._fit is None:
-            medians = {batch: float(np.median(r)) for batch, r in self.ratios.items()}
+            medians = {batch: statistics.median(r) for batch, r in self.ratios.items()}
             num = den = 0.0
             for batch, m in medians.items():
                 x, y, w = batch - 1, m - 1.0, len(self.ratios[batch])
@@ -144,9 +146,9 @@ class MeasuredCost:
         if s is None:
             return "not measured"
         n = max(self.ratios, key=lambda b: (len(self.ratios[b]), b))
-        tn, t1 = float(np.median(self.seconds[n])), float(np.median(self.steps))
+        tn, t1 = statistics.median(self.seconds[n]), statistics.median(self.steps)
         return (f"{n} tokens {1e3 * tn:.1f} ms vs 1 token {1e3 * t1:.1f} ms "
-                f"({float(np.median(self.ratios[n])):.2f}x), +{s:.3f} step per token")
+                f"({statistics.median(self.ratios[n]):.2f}x), +{s:.3f} step per token")
 
 
 @dataclass(frozen=True)
