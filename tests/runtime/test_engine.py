@@ -98,14 +98,26 @@ def test_split_batches_equal_one_batch(engine_model):
 
 
 def test_long_prompts_pass_the_feed_forward_in_chunks_with_the_same_bits(engine_model):
-    """600 tokens in one forward run the feed-forward 256 tokens at a time (its buffers stay small): every row has
-    the bits of the same tokens in forwards of 100 (one pass each)."""
+    """600 tokens in one forward run the feed-forward 64 tokens at a time (its buffers stay small): every row has
+    the bits of the same tokens in forwards of 100."""
     name, model, t = engine_model
     tokens = (model.tokenize(TEXT[name] + OTHER) * 40)[:600]
     outputs = [i % 37 == 0 or i >= 597 for i in range(600)]
     one = Context(t, 1024).decode(tokens, outputs=outputs)
     split = Context(t, 1024, n_batch=100).decode(tokens, outputs=outputs)
     assert one.shape[0] == sum(outputs) and torch.equal(one, split)
+
+
+@pytest.mark.parametrize("n", [65, 129])
+def test_a_one_token_last_feed_forward_pass_has_the_bits_of_its_token(engine_model, n):
+    """n = 64 k + 1 tokens: the feed-forward's last pass is one token of n_ff inputs, through the one-token path,
+    whose byte buffers are sized for n_ff (they once took the rows' shared width, smaller than n_ff at 129 tokens of
+    SmolLM2, and were overrun); every row has the bits of forwards of 10."""
+    name, model, t = engine_model
+    tokens = (model.tokenize(TEXT[name] + OTHER) * 40)[:n]
+    one = Context(t, 256).decode(tokens, outputs=[True] * n)
+    split = Context(t, 256, n_batch=10).decode(tokens, outputs=[True] * n)
+    assert one.shape[0] == n and torch.equal(one, split)
 
 
 def test_kernel_variants_give_the_same_bits(engine_model):

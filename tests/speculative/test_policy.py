@@ -93,6 +93,43 @@ def test_the_window_follows_the_text_across_drafters():
     assert (spec.stats["first"].drafts, spec.stats["long"].drafts) == (1, 3)
 
 
+def test_a_drafter_added_later_drafts_at_the_window_reached():
+    spec = Speculation([Long()], n_max=16, cost=LinearCost(0.0))
+    lengths(spec, [ALL, ALL])
+    late = Long()
+    late.name = "late"
+    spec.add(late)
+    assert spec.stats["late"].window == spec.stats["long"].window == 16
+
+
+class Table:
+    """A cost model with fixed ratios and sample counts per batch size."""
+
+    def __init__(self, ratios, samples):
+        self.ratios, self.counts = ratios, samples
+
+    def record(self, batch, seconds):
+        pass
+
+    def ratio(self, batch):
+        return self.ratios(batch)
+
+    def samples(self, batch):
+        return self.counts.get(batch, 0)
+
+
+def test_exploration_tries_the_neighbours_that_may_be_drafted():
+    """The best length (16: batch 17, measured) has unmeasured neighbours: the shorter one is tried first; with
+    --draft-min 16 it could not be drafted (dropped, never measured), so the longer one is; a neighbour predicted
+    slower than plain decoding is never tried."""
+    cost = Table(lambda b: 1.0 + 0.2 * (b - 1) + (3.0 if b > 17 else 0.0), {17: 3})
+    assert Speculation([], n_max=17, cost=cost).best_length(0.99, 17) == 15
+    assert Speculation([], n_max=17, n_min=16, cost=cost).best_length(0.99, 17) == 17
+    assert Speculation([], n_max=16, n_min=16, cost=cost).best_length(0.99, 16) == 16  # nothing else to try
+    dear = Table(lambda b: 1.0 if b == 1 else (2.0 if b == 3 else 3.0 * b), {3: 3})  # batches of 2 and 4: 6, 12
+    assert Speculation([], cost=dear).best_length(0.99, 16) == 2
+
+
 def test_window_shrinks_on_rejection_and_grows_back():
     spec = Speculation([Long()], n_max=16, cost=LinearCost(0.1))
     # 16 drafted, 2 taken: the next window is (16 + 2) // 2 = 9; two rejections at once halve it twice

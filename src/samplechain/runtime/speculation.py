@@ -233,7 +233,8 @@ class Speculation:
     def add(self, drafter: Drafter) -> None:
         """One more drafter, after the others (a server slot's draft model, which outlives each task's drafters)."""
         self.drafters.append(drafter)
-        self.stats.setdefault(drafter.name, DrafterStats())
+        window = next(iter(self.stats.values())).window if self.stats else START  # the text's window, shared
+        self.stats.setdefault(drafter.name, DrafterStats(window=window))
 
     def begin(self, prompt: Sequence[int]) -> None:
         for d in self.drafters:
@@ -261,8 +262,11 @@ class Speculation:
             if speed > best:
                 best_k, best = k, speed
         if best_k and cost.samples(best_k + 1) >= MEASURED:
+            # a neighbour not measured yet, if it may be drafted (below --draft-min a draft is dropped, so it would
+            # never be measured) and is not predicted slower than plain decoding
             for k in (best_k - 1, best_k + 1):
-                if 1 <= k <= limit and cost.samples(k + 1) < MEASURED:
+                if (max(1, self.n_min) <= k <= limit and cost.samples(k + 1) < MEASURED
+                        and expected_tokens(rate, k) > cost.ratio(k + 1)):  # type: ignore[operator]
                     return k
         return best_k
 

@@ -1885,8 +1885,10 @@ static void linear(const sc_linear *L, int n, const float *x, q16_rows *scratch,
     matmul(L, n, x, &q, y, isa, nt);
 }
 
-/* the scratch for n rows of up to n_in inputs (AMX's planes for the AMX variant): 0, or -1 (memory) */
-static int q16_alloc(q16_rows *q, int n, size_t n_in, int isa) {
+/* the scratch for n rows of up to n_in inputs (AMX's planes for the AMX variant) and one row of up to one_in (the
+   one-token byte path: a forward's last feed-forward pass may be one token of n_ff inputs where n_in, shared by n
+   rows, is smaller): 0, or -1 (memory) */
+static int q16_alloc(q16_rows *q, int n, size_t n_in, size_t one_in, int isa) {
     memset(q, 0, sizeof *q);
     q->q = malloc(sizeof(int16_t) * (size_t)n * n_in);
     size_t padded = ((size_t)n + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS;  /* AMX reads the scales of whole groups */
@@ -1901,8 +1903,8 @@ static int q16_alloc(q16_rows *q, int n, size_t n_in, int isa) {
     }
 #if defined(__x86_64__)
     if (ok && (isa == SC_AVX2 || isa == SC_AVX512VNNI || isa == SC_AMX)) {  /* one token's bytes (a row's worth) */
-        q->xb = malloc(2 * n_in);
-        q->hs = malloc(sizeof(int32_t) * (n_in / 16));
+        q->xb = malloc(2 * one_in);
+        q->hs = malloc(sizeof(int32_t) * (one_in / 16));
         ok = q->xb && q->hs;
     }
 #endif
@@ -1916,7 +1918,7 @@ static void q16_free(q16_rows *q) {
 /* exposed for tests and kernel timing: one linear on float rows */
 int sc_linear_forward(const sc_linear *L, int n, const float *x, float *y, int isa, int nt) {
     q16_rows q = {0};
-    if (chain_quantized(L) && q16_alloc(&q, n, (size_t)L->n_in, isa) != 0) {
+    if (chain_quantized(L) && q16_alloc(&q, n, (size_t)L->n_in, (size_t)L->n_in, isa) != 0) {
         q16_free(&q);
         return -1;
     }
@@ -2272,7 +2274,7 @@ int sc_forward(const sc_model *M, int n, float *x, const int64_t *cells, int n_k
     float *t1 = malloc(sizeof(float) * max_size((size_t)n * qkv_n, (size_t)nf * 2 * F));
     float *t2 = malloc(sizeof(float) * max_size((size_t)n * qd, (size_t)nf * F));
     q16_rows q;
-    int ok = q16_alloc(&q, n, width, M->isa) == 0 && h && t1 && t2;
+    int ok = q16_alloc(&q, n, width, max_size(width, (size_t)F), M->isa) == 0 && h && t1 && t2;
     for (int l = 0; ok && l < M->n_layer; l++) {
         const sc_layer *L = &M->layers[l];
         const uint8_t *mask = L->swa ? mask_swa : mask_global;
