@@ -227,18 +227,19 @@ class Embedding:
         around it too (the kernel's fault-around, 64 KiB), so a 512-token prompt of distinct tokens had some 30 MiB
         of the matrix resident beside its packed copy (a tied output matrix) at its peak, for nothing; 32 rows at a
         time hold 2 MiB, and the lookup took 3 ms where one gather took 8 (Qwen 2.5's 152k x 896 Q8_0). A later read
-        maps the pages again from the page cache."""
-        ids = np.asarray(tokens, dtype=np.int64)
-        raw = np.empty((len(ids), *self._raw.shape[1:]), dtype=self._raw.dtype)
-        for i in range(0, len(ids), EMBEDDING_CHUNK):
-            raw[i:i + EMBEDDING_CHUNK] = self._raw[ids[i:i + EMBEDDING_CHUNK]]
-            self._gguf.release_tensor(self._name)
-        if raw.dtype != np.uint8:
-            return raw.astype(np.float32)
+        maps the pages again from the page cache. The rows are dequantized chunk by chunk too (the dequantizer's
+        temporaries are a few times the rows' size)."""
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
-        return dequantize(raw, GGMLQuantizationType(self._type)).reshape(len(raw), -1).astype(np.float32, copy=False)
+        ids = np.asarray(tokens, dtype=np.int64)
+        out = np.empty((len(ids), self.shape[-1]), dtype=np.float32)
+        for i in range(0, len(ids), EMBEDDING_CHUNK):
+            raw = self._raw[ids[i:i + EMBEDDING_CHUNK]]
+            self._gguf.release_tensor(self._name)
+            out[i:i + EMBEDDING_CHUNK] = (raw if raw.dtype != np.uint8 else dequantize(
+                raw, GGMLQuantizationType(self._type)).reshape(len(raw), -1))
+        return out
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         if self._dense is not None:

@@ -115,7 +115,7 @@ class GGUFTokenizer:
         self.scores: list[float] = (np.asarray(scores, dtype=np.float32).tolist() if scores is not None
                                     else [0.0] * n)
         self.pre = str(metadata.get("tokenizer.ggml.pre", "") or "default")
-        texts = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(self.tokens)]
+        texts = self.tokens if all(self.tokens) else [t if t else f"[EMPTY_{i}]" for i, t in enumerate(self.tokens)]
         self.token_to_id: dict[str, int] = {t: i for i, t in enumerate(texts)}  # the last of equal texts wins
 
         # vocabulary type and pre-tokenizer defaults (llama_vocab::impl::load)
