@@ -1956,6 +1956,118 @@ typedef struct {
     int stride, n_kv, per;  /* per: query heads per item, all of one KV head (its group, or 1) */
 } attention_job;
 
+/* The engine's exp, for attention's softmax: glibc's expf algorithm (sysdeps/ieee754/flt-32/e_expf.c, glibc 2.28 on:
+   x * 32 / ln 2 = k + r, e^x = 2^(k/32) * 2^(r/32), a 32-entry table of 2^(i/32) and a degree-3 polynomial, in
+   binary64), written with every operation separate (no fused multiply-add, which libm's FMA build uses): the same
+   bits on every machine whatever its libm, and 16 at a time with AVX-512 (sc_expf16, the same bits as sc_expf). Its
+   error is glibc's, within 0.502 ULP of e^x; tests/runtime/test_engine_exp.py compares it with binary64's exp. */
+static const uint64_t EXP_TAB[32] = {  /* bits of 2^(i/32) (rounded to nearest) minus i << 47 */
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51,
+    0x3fef72b83c7d517b, 0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1,
+    0x3fef06fe0a31b715, 0x3feef1a7373aa9cb, 0x3feedea64c123422, 0x3feece086061892d,
+    0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429, 0x3feea47eb03a5585,
+    0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d,
+    0x3feee89f995ad3ad, 0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069,
+    0x3fef5818dcfba487, 0x3fef7c97337b9b5f, 0x3fefa4afa2a490da, 0x3fefd0765b6e4540,
+};
+#define EXP_INVLN2N (0x1.71547652b82fep+0 * 32)
+#define EXP_SHIFT 0x1.8p+52
+#define EXP_C0 (0x1.c6af84b912394p-5 / 32 / 32 / 32)
+#define EXP_C1 (0x1.ebfce50fac4f3p-3 / 32 / 32)
+#define EXP_C2 (0x1.62e42ff0c52d6p-1 / 32)
+#define EXP_HI 0x1.62e42ep6f   /* above: +inf (ln 2^128) */
+#define EXP_LO -0x1.9fe368p6f  /* below: 0 (ln 2^-150) */
+
+static float sc_expf(float x) {
+    if (x != x) return x + x;
+    if (x > EXP_HI) return INFINITY;
+    if (x < EXP_LO) return 0.0f;
+    double z = EXP_INVLN2N * (double)x, kd = z + EXP_SHIFT;
+    uint64_t ki, t;
+    memcpy(&ki, &kd, sizeof ki);
+    kd -= EXP_SHIFT;
+    double r = z - kd, s;
+    t = EXP_TAB[ki % 32] + (ki << 47);
+    memcpy(&s, &t, sizeof s);
+    double p = EXP_C0 * r + EXP_C1, r2 = r * r, y = EXP_C2 * r + 1.0;
+    y = p * r2 + y;
+    return (float)(y * s);
+}
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#define SC_EXPF16 1
+static inline __m512d expd8(__m256 x) {
+    const __m512i t0 = _mm512_loadu_si512(EXP_TAB), t1 = _mm512_loadu_si512(EXP_TAB + 8),
+                  t2 = _mm512_loadu_si512(EXP_TAB + 16), t3 = _mm512_loadu_si512(EXP_TAB + 24);
+    __m512d z = _mm512_mul_pd(_mm512_set1_pd(EXP_INVLN2N), _mm512_cvtps_pd(x));
+    __m512d kd = _mm512_add_pd(z, _mm512_set1_pd(EXP_SHIFT));
+    __m512i ki = _mm512_castpd_si512(kd);
+    kd = _mm512_sub_pd(kd, _mm512_set1_pd(EXP_SHIFT));
+    __m512d r = _mm512_sub_pd(z, kd);
+    __m512i i = _mm512_and_si512(ki, _mm512_set1_epi64(31));
+    __m512i lo = _mm512_permutex2var_epi64(t0, i, t1), hi = _mm512_permutex2var_epi64(t2, i, t3);
+    __m512i t = _mm512_mask_blend_epi64(_mm512_test_epi64_mask(i, _mm512_set1_epi64(16)), lo, hi);
+    __m512d s = _mm512_castsi512_pd(_mm512_add_epi64(t, _mm512_slli_epi64(ki, 47)));
+    __m512d p = _mm512_add_pd(_mm512_mul_pd(_mm512_set1_pd(EXP_C0), r), _mm512_set1_pd(EXP_C1));
+    __m512d r2 = _mm512_mul_pd(r, r);
+    __m512d y = _mm512_add_pd(_mm512_mul_pd(_mm512_set1_pd(EXP_C2), r), _mm512_set1_pd(1.0));
+    y = _mm512_add_pd(_mm512_mul_pd(p, r2), y);
+    return _mm512_mul_pd(y, s);
+}
+
+/* sc_expf of 16 values */
+static inline __m512 sc_expf16(__m512 x) {
+    __m512d a = expd8(_mm512_castps512_ps256(x)), b = expd8(_mm512_extractf32x8_ps(x, 1));
+    __m512 y = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(a)), _mm512_cvtpd_ps(b), 1);
+    y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_HI), _CMP_GT_OQ), y, _mm512_set1_ps(INFINITY));
+    y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ), y, _mm512_setzero_ps());
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, _mm512_add_ps(x, x));
+}
+#endif
+
+/* e[j] = sc_expf(e[j] - m) for the cells j < n with mk[j] set (the others are left as they are) */
+static void exp_shifted(float *e, const uint8_t *mk, int n, float m) {
+    int j = 0;
+#if defined(SC_EXPF16)
+    const __m512 mv = _mm512_set1_ps(m);
+    for (; j < n; j += 16) {
+        __mmask16 in = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1);
+        __mmask16 live = _mm_mask_cmpneq_epi8_mask(in, _mm_maskz_loadu_epi8(in, mk + j), _mm_setzero_si128());
+        __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(live, e + j), mv);
+        _mm512_mask_storeu_ps(e + j, live, sc_expf16(x));
+    }
+#endif
+    for (; j < n; j++)
+        if (mk[j]) e[j] = sc_expf(e[j] - m);
+}
+
+/* a[j] = g[j] / (1 + sc_expf(-g[j])) * u[j]: SiLU(g) * u, the feed-forward's gate */
+static void silu_gate(const float *g, const float *u, float *a, int n) {
+    int j = 0;
+#if defined(SC_EXPF16)
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (; j + 16 <= n; j += 16) {
+        __m512 x = _mm512_loadu_ps(g + j);
+        __m512 e = sc_expf16(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN))));
+        _mm512_storeu_ps(a + j, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)), _mm512_loadu_ps(u + j)));
+    }
+#endif
+    for (; j < n; j++) a[j] = g[j] / (1.0f + sc_expf(-g[j])) * u[j];
+}
+
+/* exposed for tests: sc_expf of n values, 16 at a time where compiled in (vector != 0) or one at a time */
+void sc_expf_rows(const float *x, float *y, int n, int vector) {
+    int j = 0;
+#if defined(SC_EXPF16)
+    if (vector)
+        for (; j + 16 <= n; j += 16) _mm512_storeu_ps(y + j, sc_expf16(_mm512_loadu_ps(x + j)));
+#else
+    (void)vector;
+#endif
+    for (; j < n; j++) y[j] = sc_expf(x[j]);
+}
+
 /* 8 vectors of 8 as their transpose: t[l] lane c = s[c] lane l (exact: values only move) */
 static inline void transpose8(const v8f s[8], v8f t[8]) {
 #if defined(__AVX__)
@@ -2022,7 +2134,7 @@ static inline void dot8(const float *q, const void *const k[8], int n, const int
 
 /* One token's attention for `per` query heads of one KV head (items: token x KV head, or token x query head when
    there are too few tokens to keep the threads busy), each head's values computed as one head alone would: scores
-   e_j = (q . k_j) * scale over the unmasked cells in order, p_j = expf(e_j - max), the sum of the p_j in cell order,
+   e_j = (q . k_j) * scale over the unmasked cells in order, p_j = sc_expf(e_j - max), the sum of the p_j in cell order,
    o = sum over cells in order of p_j * v_j, then o / sum. A cell's key and value rows are converted from halves once
    for all the item's heads (GQA: 4 heads per KV head in Llama 3.2 1B, 7 in Qwen 2.5 0.5B), not once per head; the
    scores are taken 8 cells at a time (dot8_f32), and the values' sums of V_DIMS dimensions of up to 4 heads stay in
@@ -2120,11 +2232,9 @@ static void attention_heads(void *p, int begin, int end, int worker) {
         }
         for (int h = 0; h < per; h++) {
             float *eh = e + h * width, t = 0.0f;
-            for (int j = 0; j < n_kv; j++) {
-                if (!mk[j]) continue;
-                eh[j] = expf(eh[j] - mx[h]);
-                t += eh[j];
-            }
+            exp_shifted(eh, mk, n_kv, mx[h]);
+            for (int j = 0; j < n_kv; j++)
+                if (mk[j]) t += eh[j];
             sum[h] = t;
         }
         /* o: V_DIMS dimensions (16 per vector) of up to 4 heads at a time in registers, over the cells in order */
@@ -2229,7 +2339,7 @@ static void token_steps(void *p, int begin, int end, int worker) {
             if (M->gelu)
                 for (int j = 0; j < F; j++) a[j] = gelu_tanh(g[j]) * u[j];
             else
-                for (int j = 0; j < F; j++) a[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+                silu_gate(g, u, a, F);
             break;
         }
         case STEP_FFN_OUT:
