@@ -72,9 +72,7 @@ class Vocab:
         self.tokenizer = tokenizer  # the model's own tokenizer (``GGUFTokenizer``); None: longest match
         self.chat_template = chat_template
         # llama.cpp's token_to_piece with ``special`` on (None: the token bytes); unused tokens are empty there
-        if pieces is not None and not (isinstance(pieces, list) and all(type(t) is bytes for t in pieces)):
-            pieces = [self._check_token(i, t) for i, t in enumerate(pieces)]
-        self._pieces = pieces  # a list of bytes is kept as given (one list less for a 152k-token vocabulary)
+        self._pieces = None if pieces is None else [self._check_token(i, t) for i, t in enumerate(pieces)]
         if self._pieces is not None and len(self._pieces) != n:
             raise ValueError(f"{len(self._pieces)} pieces for {n} tokens")
         assert n == self.n_tokens

@@ -86,8 +86,8 @@ class MeasuredCost:
     to 16 tokens cost about the same, and 17 had cost a quarter more than 16 until a short last group went to the
     AVX-512 code), which no line follows. Any other size costs ``1 + slope * (n - 1)`` one-token steps, ``slope`` the
     least-squares line through (1, 1) and each size's median ratio, weighted by how many times the size was
-    measured. Unknown (None) until a one-token step and a batch of two or more tokens have
-    been timed (batches timed before the first step count against it): the first drafts are the measurement."""
+    measured. Unknown (None) until a one-token step and a batch of two or more tokens have been timed (batches timed
+    before the first step count against it): the first drafts are the measurement."""
 
     steps: deque[float] = field(default_factory=lambda: deque(maxlen=KEEP))  # one-token forwards, seconds
     ratios: dict[int, deque[float]] = field(default_factory=dict)  # batch size -> its forwards / recent steps
@@ -132,7 +132,7 @@ class MeasuredCost:
         s, medians = self._fitted()
         if s is None:
             return None
-        if batch > 1 and len(self.ratios.get(batch, ())) >= MEASURED:
+        if batch > 1 and self.samples(batch) >= MEASURED:
             return medians[batch]
         return 1.0 + s * (batch - 1)
 

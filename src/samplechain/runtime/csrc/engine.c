@@ -293,9 +293,10 @@ static int base_isa(int isa) {
 #define AMX_ROWS 16   /* AMX: tokens per tile product */
 #define AMX_CHUNK 64  /* AMX: tokens per weight block unpacked */
 /* AMX: fewer tokens in a call, or in its last group of 16, take the AVX-512 code (the same bits). A forward's cost
-   against its tokens (2 vCPUs, SapphireRapids): the AVX-512 code's cost grows by ~1.2 ms a token on SmolLM2 and ~7.4
-   ms on the 1B shape, a padded AMX group costs ~15 and ~70 ms, so a short group is cheaper token by token below ~12
-   and ~9 tokens; 17 tokens (a verify batch of 16 drafted) took 26.6 ms as two AMX groups, 23.0 as one and a token. */
+   against its tokens (2 vCPUs of a Xeon with AMX): the AVX-512 code's cost grows by ~1.2 ms a token on SmolLM2 and
+   ~7.4 ms on the 1B shape, a padded AMX group costs ~15 and ~70 ms, so a short group is cheaper token by token below
+   ~12 and ~9 tokens; 17 tokens (a verify batch of 16 drafted) took 26.6 ms as two AMX groups, 22.3 as one and a
+   token. */
 #define AMX_MIN 8
 
 typedef struct sc_linear {
