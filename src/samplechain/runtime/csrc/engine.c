@@ -2138,7 +2138,7 @@ static inline void dot8(const float *q, const void *const k[8], int n, const int
    e_j = (q . k_j) * scale over the unmasked cells in order, p_j = sc_expf(e_j - max), the sum of the p_j in cell order,
    o = sum over cells in order of p_j * v_j, then o / sum. A cell's key and value rows are converted from halves once
    for all the item's heads (GQA: 4 heads per KV head in Llama 3.2 1B, 7 in Qwen 2.5 0.5B), not once per head; the
-   scores are taken 8 cells at a time (dot8_f32), and the values' sums of V_DIMS dimensions of up to 4 heads stay in
+   scores are taken 8 cells at a time (dot8), and the values' sums of V_DIMS dimensions of up to 4 heads stay in
    registers over the cells. */
 #define MAX_GROUP 64
 #if defined(__AVX512F__)
@@ -2246,7 +2246,10 @@ static void attention_heads(void *p, int begin, int end, int worker) {
                 const float *ea = e + (size_t)a * width;
                 float *oa = o + (size_t)a * hd + c;
                 switch (gs * 8 + nv) {  /* constant counts, so that the sums are registers */
-#define V_CASE(G, N) case (G) * 8 + (N): value_sums(V + (size_t)c * ev, hd * ev, v16, mk, n_kv, ea, width, G, N, oa, hd); break;
+#define V_CASE(G, N)                                                                                  \
+    case (G) * 8 + (N):                                                                              \
+        value_sums(V + (size_t)c * ev, hd * ev, v16, mk, n_kv, ea, width, G, N, oa, hd);             \
+        break;
 #define V_CASES(N) V_CASE(1, N) V_CASE(2, N) V_CASE(3, N) V_CASE(4, N)
                     V_CASES(1)
 #if V_DIMS == 64
