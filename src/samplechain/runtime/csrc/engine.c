@@ -2117,7 +2117,26 @@ static inline v8f row8(const void *row, int i, const int k16) {
    15 scalar ones) */
 __attribute__((always_inline))
 static inline void dot8(const float *q, const void *const k[8], int n, const int k16, float out[8]) {
-    v8f a0[8], a1[8], s[8], t[8];
+    v8f s[8], t[8];
+#if defined(__AVX512F__)
+    /* a 16-lane vector is the pair of 8-lane accumulators (lanes 0-7: acc[i], 8-15: acc[i + 8]), the same operations */
+    __m512 a[8];
+    for (int c = 0; c < 8; c++) a[c] = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        __m512 qv = _mm512_loadu_ps(q + i);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            __m512 kv = k16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)k[c] + i)))
+                            : _mm512_loadu_ps((const float *)k[c] + i);
+            a[c] = _mm512_add_ps(a[c], _mm512_mul_ps(qv, kv));
+        }
+    }
+    for (int c = 0; c < 8; c++) {  /* lanes_sum16's a[i] = acc[i] + acc[i + 8] */
+        __m256 r = _mm256_add_ps(_mm512_castps512_ps256(a[c]), _mm512_extractf32x8_ps(a[c], 1));
+        memcpy(&s[c], &r, sizeof r);
+    }
+#else
+    v8f a0[8], a1[8];
     for (int c = 0; c < 8; c++) a0[c] = (v8f){0}, a1[c] = (v8f){0};
     for (int i = 0; i < n; i += 16) {
         v8f q0 = load8(q + i), q1 = load8(q + i + 8);
@@ -2128,6 +2147,7 @@ static inline void dot8(const float *q, const void *const k[8], int n, const int
         }
     }
     for (int c = 0; c < 8; c++) s[c] = a0[c] + a1[c];  /* lanes_sum16's a[i] = acc[i] + acc[i + 8] */
+#endif
     transpose8(s, t);
     v8f r = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));  /* b[i], then c[0] + c[1] */
     memcpy(out, &r, sizeof r);
@@ -2197,7 +2217,10 @@ static void attention_heads(void *p, int begin, int end, int worker) {
     size_t ek = k16 ? 2 : 4, ev = v16 ? 2 : 4, width = n_kv > 0 ? (size_t)n_kv : 1;
     int per = J->per, items_per_token = H / per;
     float *e = J->scratch + (size_t)worker * per * width;
-    float mx[MAX_GROUP], sum[MAX_GROUP], sc[8];
+    float mx[MAX_GROUP], sum[MAX_GROUP], sc[8], kf[8 * MAX_HEAD_DIM] __attribute__((aligned(64)));
+#if defined(__AVX__)
+    __m256 mxv[MAX_GROUP];
+#endif
     for (int ig = begin; ig < end; ig++) {
         int i = ig / items_per_token, h0 = ig % items_per_token * per, g = h0 / group;
         const float *q = J->qkv + (size_t)i * J->stride + (size_t)h0 * hd;
@@ -2206,6 +2229,9 @@ static void attention_heads(void *p, int begin, int end, int worker) {
         const uint8_t *mk = J->mask + (size_t)i * n_kv;
         float *o = J->out + (size_t)i * H * hd + (size_t)h0 * hd;
         for (int h = 0; h < per; h++) mx[h] = -INFINITY;
+#if defined(__AVX__)
+        for (int h = 0; h < per; h++) mxv[h] = _mm256_set1_ps(-INFINITY);
+#endif
         int cells[8], nc = 0;
         for (int j = 0; j <= n_kv; j++) {
             if (j < n_kv) {
@@ -2217,11 +2243,30 @@ static void attention_heads(void *p, int begin, int end, int worker) {
             const void *kr[8];
             for (int c = 0; c < 8; c++)  /* a short last group repeats its first cell (its scores are dropped) */
                 kr[c] = K + (size_t)cells[c < nc ? c : 0] * hd * ek;
+            int kh = k16;
+            if (k16 && per > 1 && hd <= MAX_HEAD_DIM) {  /* halves converted once for all the heads (exact) */
+                for (int c = 0; c < 8; c++) {
+                    halves_to_floats((const uint16_t *)kr[c], kf + c * hd, hd);
+                    kr[c] = kf + c * hd;
+                }
+                kh = 0;
+            }
             for (int h = 0; h < per; h++) {
-                if (k16)
+                if (kh)
                     dot8(q + h * hd, kr, hd, 1, sc);
                 else
                     dot8(q + h * hd, kr, hd, 0, sc);
+#if defined(__AVX__)
+                if (nc == 8 && M->attn_softcap == 0.0f && cells[7] - cells[0] == 7) {
+                    /* 8 consecutive cells (a prompt's): the same products, their maximum lane by lane (MAXPS keeps
+                       the running maximum on ties and NaN scores, as `s > mx ? s : mx` does; which of +0 and -0
+                       is kept cannot change e - max) */
+                    __m256 v = _mm256_mul_ps(_mm256_loadu_ps(sc), _mm256_set1_ps(M->attn_scale));
+                    _mm256_storeu_ps(e + h * width + cells[0], v);
+                    mxv[h] = _mm256_max_ps(v, mxv[h]);
+                    continue;
+                }
+#endif
                 for (int c = 0; c < nc; c++) {
                     float s = sc[c] * M->attn_scale;
                     if (M->attn_softcap != 0.0f) s = tanhf(s / M->attn_softcap) * M->attn_softcap;
@@ -2232,8 +2277,24 @@ static void attention_heads(void *p, int begin, int end, int worker) {
             nc = 0;
         }
         for (int h = 0; h < per; h++) {
-            float *eh = e + h * width, t = 0.0f;
-            exp_shifted(eh, mk, n_kv, mx[h]);
+#if defined(__AVX__)
+            float lanes[8];
+            _mm256_storeu_ps(lanes, mxv[h]);
+            for (int c = 0; c < 8; c++) mx[h] = lanes[c] > mx[h] ? lanes[c] : mx[h];
+#endif
+            exp_shifted(e + h * width, mk, n_kv, mx[h]);
+        }
+        int h = 0;
+        for (; h + 4 <= per; h += 4) {  /* each head's sum in cell order; four heads' chains side by side */
+            const float *e0 = e + (size_t)h * width, *e1 = e0 + width, *e2 = e1 + width, *e3 = e2 + width;
+            float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
+            for (int j = 0; j < n_kv; j++)
+                if (mk[j]) t0 += e0[j], t1 += e1[j], t2 += e2[j], t3 += e3[j];
+            sum[h] = t0, sum[h + 1] = t1, sum[h + 2] = t2, sum[h + 3] = t3;
+        }
+        for (; h < per; h++) {
+            const float *eh = e + (size_t)h * width;
+            float t = 0.0f;
             for (int j = 0; j < n_kv; j++)
                 if (mk[j]) t += eh[j];
             sum[h] = t;
