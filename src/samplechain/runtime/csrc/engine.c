@@ -2157,9 +2157,10 @@ static inline void dot8(const float *q, const void *const k[8], int n, const int
    there are too few tokens to keep the threads busy), each head's values computed as one head alone would: scores
    e_j = (q . k_j) * scale over the unmasked cells in order, p_j = sc_expf(e_j - max), the sum of the p_j in cell order,
    o = sum over cells in order of p_j * v_j, then o / sum. A cell's key and value rows are converted from halves once
-   for all the item's heads (GQA: 4 heads per KV head in Llama 3.2 1B, 7 in Qwen 2.5 0.5B), not once per head; the
-   scores are taken 8 cells at a time (dot8), and the values' sums of V_DIMS dimensions of up to 4 heads stay in
-   registers over the cells. */
+   for all the item's heads (GQA: 4 heads per KV head in Llama 3.2 1B, 7 in Qwen 2.5 0.5B), not once per head (keys:
+   8 cells' rows into a float buffer; values: in registers); the scores are taken 8 cells at a time (dot8), four heads'
+   sums of the p_j run as four chains side by side, and the values' sums of V_DIMS dimensions of up to 4 heads stay
+   in registers over the cells. */
 #define MAX_GROUP 64
 #if defined(__AVX512F__)
 #define V_DIMS 64
