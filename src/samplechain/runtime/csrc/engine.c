@@ -1512,14 +1512,16 @@ static inline void tiles_amx_kind(const sc_linear *L, int t, const q16_rows *xq,
     amx_weights(L, (size_t)t * nb, kind, w[0]);
     int32_t sums[AMX_AHEAD + 1][2][AMX_ROWS][TILE] __attribute__((aligned(64)));  /* [unit % 3][hi, lo] */
     __m512 dv[AMX_AHEAD + 1][2], mv[AMX_AHEAD + 1];  /* [block % 3] */
+    /* the unit to issue and the unit to scale, as counters (a division per unit was on the tile load's path):
+       group, block, half, unit, unit % 3, block % 3 */
+    int ig = 0, ib = 0, ih = 0, iu = 0, iu3 = 0, ib3 = 0, sg = 0, sb = 0, sh = 0, su3 = 0, sb3 = 0;
     for (int u = -AMX_AHEAD; u < units; u++) {
-        int v = u + AMX_AHEAD;
-        if (v < units) {  /* unit v's products */
-            int g = v % groups, bh = v / groups, b = bh / halves, h = bh % halves;
+        if (u + AMX_AHEAD < units) {  /* unit u + AMX_AHEAD's products */
+            const int g = ig, b = ib, h = ih;
             if (g == 0) {
                 if (h == 0) {
-                    mv[b % 3] = _mm512_setzero_ps();
-                    scales_avx512(L, t, b, dv[b % 3], &mv[b % 3]);
+                    mv[ib3] = _mm512_setzero_ps();
+                    scales_avx512(L, t, b, dv[ib3], &mv[ib3]);
                 }
                 /* the weights in tile rows 0-7 (hi) / 8-15 (lo); W6: half h's in rows 4h.. (hi) / 8 + 4h.. (lo) */
                 const int8_t *wb = w[b & 1], *wh = halves == 2 ? wb + AMX_HALF * h + 1024 - 256 * h : wb + 512;
@@ -1527,15 +1529,25 @@ static inline void tiles_amx_kind(const sc_linear *L, int t, const q16_rows *xq,
                 _tile_loadd(7, wh - 512, 64);
                 if (h == halves - 1 && b + 1 < nb) amx_weights(L, (size_t)t * nb + b + 1, kind, w[(b + 1) & 1]);
             }
-            amx_group(v & 1, xq->amx + ((size_t)g * nb + b) * 1024, 64, sums[v % 3][0][0], sums[v % 3][1][0]);
+            amx_group(iu & 1, xq->amx + ((size_t)g * nb + b) * 1024, 64, sums[iu3][0][0], sums[iu3][1][0]);
+            iu++, iu3 = iu3 == 2 ? 0 : iu3 + 1;
+            if (++ig == groups) {
+                ig = 0;
+                if (++ih == halves) ih = 0, ib++, ib3 = ib3 == 2 ? 0 : ib3 + 1;
+            }
         }
         if (u < 0) continue;
-        int g = u % groups, bh = u / groups, b = bh / halves, h = bh % halves;
+        const int g = sg, b = sb, h = sh;
         const int with_m = L->m && h == halves - 1;
-        const __m512 d = dv[b % 3][h], mb = mv[b % 3];
+        const __m512 d = dv[sb3][h], mb = mv[sb3];
         const float *xd = xq->d + (size_t)g * AMX_ROWS * nb + b, *xms = xq->ms + (size_t)g * AMX_ROWS * nb + b;
         __m512 *ac = acc + g * AMX_ROWS;
-        int32_t (*su)[AMX_ROWS][TILE] = sums[u % 3];
+        int32_t (*su)[AMX_ROWS][TILE] = sums[su3];
+        su3 = su3 == 2 ? 0 : su3 + 1;
+        if (++sg == groups) {
+            sg = 0;
+            if (++sh == halves) sh = 0, sb++, sb3 = sb3 == 2 ? 0 : sb3 + 1;
+        }
 #pragma GCC unroll 16
         for (int j = 0; j < AMX_ROWS; j++) {
             __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(su[0][j]), 8),
