@@ -1497,18 +1497,31 @@ static inline void amx_group(int set, const int8_t *a, size_t ld, int32_t *hi, i
    per half), per group of 16 tokens. A unit's products are issued AMX_AHEAD units before its sums are scaled, so
    that the tile stores have landed when they are read; rows past m are padding, computed and dropped. */
 #define AMX_AHEAD 2
+/* the zero bytes of a weight buffer that its tiles read (amx_weights writes the rest): [0, 512) and [1024, 1536);
+   W6: [512, 1024) and [1280, 2048) (half 0), [AMX_HALF + 256, AMX_HALF + 1024) and [AMX_HALF + 1280,
+   AMX_HALF + 1792) (half 1) */
+__attribute__((target("avx512f"), always_inline))
+static inline void amx_zeros(int8_t *w, const int kind) {
+    static const int16_t spans[2][4][2] = {{{0, 512}, {1024, 1536}, {0, 0}, {0, 0}},
+                                           {{512, 1024}, {1280, 2048}, {AMX_HALF + 256, AMX_HALF + 1024},
+                                            {AMX_HALF + 1280, AMX_HALF + 1792}}};
+    const int16_t (*sp)[2] = spans[kind == SC_W6];
+    for (int r = 0; r < 4; r++)
+        for (int i = sp[r][0]; i < sp[r][1]; i += 64) _mm512_store_si512(w + i, _mm512_setzero_si512());
+}
+
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma,amx-tile,amx-int8"), always_inline))
-static inline void tiles_amx_kind(const sc_linear *L, int t, const q16_rows *xq, int m, float *const *out,
-                                  const int kind) {
+static inline void tiles_amx_kind(const sc_linear *L, int t, const int8_t *amx, const float *xd0, const float *xms0,
+                                  int m, float *const *out, const int kind) {
     const int nb = L->n_in / QK, halves = kind == SC_W6 ? 2 : 1, groups = (m + AMX_ROWS - 1) / AMX_ROWS;
     const int units = nb * halves * groups;
     amx_configure();
-    __m512 acc[AMX_CHUNK];
-    for (int j = 0; j < groups * AMX_ROWS; j++) acc[j] = _mm512_setzero_ps();
+    __m512 acc[AMX_CHUNK];  /* set by the first block's scaling (zeroing them first was a memset call per call) */
     /* two blocks' weights: the next block is unpacked once this one's tiles are loaded, so that a tile load never
-       waits for the vector stores just before it */
+       waits for the vector stores just before it. Only the zeros that the tiles read around them are written (a
+       memset of all 9 KB per call cost 2 % of a 1B prompt) */
     int8_t w[2][AMX_W] __attribute__((aligned(64)));
-    memset(w, 0, sizeof w);
+    for (int k = 0; k < 2; k++) amx_zeros(w[k], kind);
     amx_weights(L, (size_t)t * nb, kind, w[0]);
     int32_t sums[AMX_AHEAD + 1][2][AMX_ROWS][TILE] __attribute__((aligned(64)));  /* [unit % 3][hi, lo] */
     __m512 dv[AMX_AHEAD + 1][2], mv[AMX_AHEAD + 1];  /* [block % 3] */
@@ -1529,7 +1542,7 @@ static inline void tiles_amx_kind(const sc_linear *L, int t, const q16_rows *xq,
                 _tile_loadd(7, wh - 512, 64);
                 if (h == halves - 1 && b + 1 < nb) amx_weights(L, (size_t)t * nb + b + 1, kind, w[(b + 1) & 1]);
             }
-            amx_group(iu & 1, xq->amx + ((size_t)g * nb + b) * 1024, 64, sums[iu3][0][0], sums[iu3][1][0]);
+            amx_group(iu & 1, amx + ((size_t)g * nb + b) * 1024, 64, sums[iu3][0][0], sums[iu3][1][0]);
             iu++, iu3 = iu3 == 2 ? 0 : iu3 + 1;
             if (++ig == groups) {
                 ig = 0;
@@ -1538,9 +1551,9 @@ static inline void tiles_amx_kind(const sc_linear *L, int t, const q16_rows *xq,
         }
         if (u < 0) continue;
         const int g = sg, b = sb, h = sh;
-        const int with_m = L->m && h == halves - 1;
+        const int with_m = L->m && h == halves - 1, first = b == 0 && h == 0;
         const __m512 d = dv[sb3][h], mb = mv[sb3];
-        const float *xd = xq->d + (size_t)g * AMX_ROWS * nb + b, *xms = xq->ms + (size_t)g * AMX_ROWS * nb + b;
+        const float *xd = xd0 + (size_t)g * AMX_ROWS * nb + b, *xms = xms0 + (size_t)g * AMX_ROWS * nb + b;
         __m512 *ac = acc + g * AMX_ROWS;
         int32_t (*su)[AMX_ROWS][TILE] = sums[su3];
         su3 = su3 == 2 ? 0 : su3 + 1;
@@ -1553,7 +1566,7 @@ static inline void tiles_amx_kind(const sc_linear *L, int t, const q16_rows *xq,
             __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(su[0][j]), 8),
                                            _mm512_load_si512(su[1][j]));
             __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(xd[(size_t)j * nb])),
-                                       ac[j]);
+                                       first ? _mm512_setzero_ps() : ac[j]);
             ac[j] = with_m ? _mm512_fmadd_ps(mb, _mm512_set1_ps(xms[(size_t)j * nb]), a) : a;
         }
     }
@@ -1561,8 +1574,9 @@ static inline void tiles_amx_kind(const sc_linear *L, int t, const q16_rows *xq,
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma,amx-tile,amx-int8")))
-static void tiles_amx(const sc_linear *L, int t, const q16_rows *xq, int m, float *const *out) {
-    BY_KIND(L->kind, tiles_amx_kind, L, t, xq, m, out);
+static void tiles_amx(const sc_linear *L, int t, const int8_t *amx, const float *xd, const float *xms, int m,
+                      float *const *out) {
+    BY_KIND(L->kind, tiles_amx_kind, L, t, amx, xd, xms, m, out);
 }
 
 /* q16 rows [begin, end) as AMX tiles: token i's block b at ((i / 16) * nb + b) * 1024 + (i % 16) * 64, its 32 hi
@@ -1752,13 +1766,16 @@ static void tile_rows(const sc_linear *L, int t, int n, const float *xf, const q
         /* whole groups of 16 tokens, and a last group of AMX_MIN or more; a shorter last group (17 = 16 + 1 tokens:
            a verify batch) takes the AVX-512 code below, as a call of fewer than AMX_MIN tokens does */
         int amx_n = n % AMX_ROWS >= AMX_MIN ? n : n / AMX_ROWS * AMX_ROWS;
+        /* the planes' pointers read one by one: the caller has just stored them one by one, and the wider loads of a
+           struct copy cannot be served from the store buffer, so they waited for every older store, the previous
+           item's outputs included (with the memset that took the wait next, 2-3 % of a 1B prompt) */
+        const int8_t *amx = xq->amx;
+        const float *xd = xq->d, *xms = xq->ms;
         for (int i = 0; i < amx_n; i += AMX_CHUNK) {
             int m = amx_n - i < AMX_CHUNK ? amx_n - i : AMX_CHUNK;
             float *o[AMX_CHUNK];
-            q16_rows part = *xq;
-            part.d += (size_t)i * nbq, part.ms += (size_t)i * nbq, part.amx += (size_t)i * 2 * L->n_in;
             for (int j = 0; j < m; j++) o[j] = y + (size_t)(i + j) * ld + t * TILE;
-            tiles_amx(L, t, &part, m, o);
+            tiles_amx(L, t, amx + (size_t)i * 2 * L->n_in, xd + (size_t)i * nbq, xms + (size_t)i * nbq, m, o);
         }
         if (amx_n == n) return;
         rest = *xq;
