@@ -1506,8 +1506,10 @@ static inline void amx_zeros(int8_t *w, const int kind) {
                                            {{512, 1024}, {1280, 2048}, {AMX_HALF + 256, AMX_HALF + 1024},
                                             {AMX_HALF + 1280, AMX_HALF + 1792}}};
     const int16_t (*sp)[2] = spans[kind == SC_W6];
+    __m512i z;
+    __asm__("vpxord %0, %0, %0" : "=v"(z));  /* a zero GCC cannot see: it makes memset calls of constant stores */
     for (int r = 0; r < 4; r++)
-        for (int i = sp[r][0]; i < sp[r][1]; i += 64) _mm512_store_si512(w + i, _mm512_setzero_si512());
+        for (int i = sp[r][0]; i < sp[r][1]; i += 64) _mm512_store_si512(w + i, z);
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma,amx-tile,amx-int8"), always_inline))
@@ -2262,9 +2264,13 @@ static void attention_heads(void *p, int begin, int end, int worker) {
 #if defined(__AVX__)
         for (int h = 0; h < per; h++) mxv[h] = _mm256_set1_ps(-INFINITY);
 #endif
-        int cells[8], nc = 0;
-        for (int j = 0; j <= n_kv; j++) {
-            if (j < n_kv) {
+        /* the loops below run over the cells from the first to the last one the token sees (a prompt's token i:
+           the first i + 1 of its sequence), not over all n_kv */
+        int jlo = 0, jhi = n_kv, cells[8], nc = 0;
+        while (jlo < jhi && !mk[jlo]) jlo++;
+        while (jhi > jlo && !mk[jhi - 1]) jhi--;
+        for (int j = jlo; j <= jhi; j++) {
+            if (j < jhi) {
                 if (!mk[j]) continue;
                 cells[nc++] = j;
                 if (nc < 8) continue;
@@ -2312,20 +2318,20 @@ static void attention_heads(void *p, int begin, int end, int worker) {
             _mm256_storeu_ps(lanes, mxv[h]);
             for (int c = 0; c < 8; c++) mx[h] = lanes[c] > mx[h] ? lanes[c] : mx[h];
 #endif
-            exp_shifted(e + h * width, mk, n_kv, mx[h]);
+            exp_shifted(e + h * width + jlo, mk + jlo, jhi - jlo, mx[h]);
         }
         int h = 0;
         for (; h + 4 <= per; h += 4) {  /* each head's sum in cell order; four heads' chains side by side */
             const float *e0 = e + (size_t)h * width, *e1 = e0 + width, *e2 = e1 + width, *e3 = e2 + width;
             float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
-            for (int j = 0; j < n_kv; j++)
+            for (int j = jlo; j < jhi; j++)
                 if (mk[j]) t0 += e0[j], t1 += e1[j], t2 += e2[j], t3 += e3[j];
             sum[h] = t0, sum[h + 1] = t1, sum[h + 2] = t2, sum[h + 3] = t3;
         }
         for (; h < per; h++) {
             const float *eh = e + (size_t)h * width;
             float t = 0.0f;
-            for (int j = 0; j < n_kv; j++)
+            for (int j = jlo; j < jhi; j++)
                 if (mk[j]) t += eh[j];
             sum[h] = t;
         }
@@ -2334,12 +2340,13 @@ static void attention_heads(void *p, int begin, int end, int worker) {
             int gs = per - a < 4 ? per - a : 4;
             for (int c = 0; c < hd; c += V_DIMS) {
                 int nv = (hd - c < V_DIMS ? hd - c : V_DIMS) / 16;
-                const float *ea = e + (size_t)a * width;
+                const float *ea = e + (size_t)a * width + jlo;
+                const char *va = V + ((size_t)jlo * hd + c) * ev;
                 float *oa = o + (size_t)a * hd + c;
                 switch (gs * 8 + nv) {  /* constant counts, so that the sums are registers */
 #define V_CASE(G, N)                                                                                  \
     case (G) * 8 + (N):                                                                              \
-        value_sums(V + (size_t)c * ev, hd * ev, v16, mk, n_kv, ea, width, G, N, oa, hd);             \
+        value_sums(va, hd * ev, v16, mk + jlo, jhi - jlo, ea, width, G, N, oa, hd);                 \
         break;
 #define V_CASES(N) V_CASE(1, N) V_CASE(2, N) V_CASE(3, N) V_CASE(4, N)
                     V_CASES(1)
