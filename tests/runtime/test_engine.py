@@ -329,8 +329,9 @@ def test_generate_reuses_its_context_but_never_shares_a_busy_one(smol):
 
 
 def test_activation_quantizer_paths_give_the_same_bits():
-    """The AVX2 quantizer is the generic one bit for bit: scales, int16 values (roundf's ties away from zero,
-    the clamp) and block sums, on random rows and on the edges (zeros, exact ties, tiny and huge values)."""
+    """The AVX2 and AVX-512 quantizers are the generic one bit for bit: scales, int16 values (roundf's ties away
+    from zero, the clamp) and block sums, on random rows and on the edges (zeros, exact ties, tiny and huge values,
+    NaNs and infinities)."""
     import ctypes
 
     from samplechain.runtime.cpu_engine import library
@@ -339,11 +340,17 @@ def test_activation_quantizer_paths_give_the_same_bits():
     rows = [rng.standard_normal(4096).astype(np.float32) * s for s in (1e-30, 1e-3, 1.0, 1e4, 1e30)]
     ties = np.tile(np.array([32767.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 0.49999997], dtype=np.float32), 4)
     rows += [np.zeros(32, np.float32), ties, np.float32([1.0, -1.0] * 16), np.float32([-3.0] + [1.0] * 31)]
+    odd = rng.standard_normal(128).astype(np.float32)
+    odd[[3, 40, 77]] = np.nan
+    odd[[9, 64]] = np.inf, -np.inf
+    odd[100] = np.nan
+    odd[101] = 5.0
+    rows.append(odd)
     lib = library()
     ok = 0
     for x in rows:
         out = []
-        for isa in (0, 1):
+        for isa in (0, 1, 2):
             q = np.empty(x.size, np.int16)
             d = np.empty(x.size // 32, np.float32)
             s = np.empty(x.size // 32, np.int32)
@@ -353,8 +360,11 @@ def test_activation_quantizer_paths_give_the_same_bits():
         if out[1][0] != 0:
             pytest.skip("no AVX2 on this CPU")
         ok += 1
-        for a, b in zip(out[0][1:], out[1][1:], strict=True):
-            np.testing.assert_array_equal(a, b)
+        for other in out[1:]:
+            if other[0] != 0:  # no AVX-512 on this CPU
+                continue
+            for a, b in zip(out[0][1:], other[1:], strict=True):
+                np.testing.assert_array_equal(a, b)
     assert ok == len(rows)
     q = np.empty(32, np.int16)
     d, s = np.empty(1, np.float32), np.empty(1, np.int32)

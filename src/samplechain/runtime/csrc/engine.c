@@ -402,6 +402,58 @@ static void quantize_row_avx2(const float *x, int n, void *q, float *d, int32_t 
     }
 }
 
+/* The int16 quantizer with AVX-512, the same bits again: the lanes' running maxima taken as the AVX2 code takes them
+   (8 lanes over the block's four groups of 8, from 0), their maximum over lanes with NaNs as 0 (the scalar loop's
+   comparisons skip them; max is exact in any order), the same products and rounding per element, the sum exact. With
+   amx, AMX's planes are written from the same registers: token i's block b at ((i / 16) * nb + b) * 1024 +
+   (i % 16) * 64 (amx: the row of token i's block 0), its 32 hi bytes then its 32 lo bytes (q = 256 * hi + lo), and
+   ms[b] = d * sum(q). */
+static int sc_cpu_has_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+}
+
+__attribute__((target("avx512f,avx512bw")))
+static void quantize_row_avx512(const float *x, int n, int16_t *q, float *d, int32_t *s, int8_t *amx, float *ms) {
+    const __m512 sign = _mm512_set1_ps(-0.0f), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+    const __m512i hi = _mm512_set1_epi32(32767), lo = _mm512_set1_epi32(-32767);
+    for (int b = 0; b < n / QK; b++) {
+        const float *xb = x + b * QK;
+        __m512 v[2] = {_mm512_loadu_ps(xb), _mm512_loadu_ps(xb + 16)};
+        __m256 m = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++)
+            m = _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(xb + 8 * i)));
+        m = _mm256_blendv_ps(m, _mm256_setzero_ps(), _mm256_cmp_ps(m, m, _CMP_UNORD_Q));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        float amax = _mm_cvtss_f32(m4);
+        float db = amax / 32767.0f;
+        float id = db != 0.0f ? 32767.0f / amax : 0.0f;
+        const __m512 vid = _mm512_set1_ps(id);
+        __m512i r[2];
+        for (int i = 0; i < 2; i++) {
+            __m512 y = _mm512_mul_ps(v[i], vid);
+            __m512 t = _mm512_roundscale_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            __mmask16 away = _mm512_cmp_ps_mask(_mm512_andnot_ps(sign, _mm512_sub_ps(y, t)), half, _CMP_GE_OQ);
+            t = _mm512_mask_add_ps(t, away, t, _mm512_or_ps(one, _mm512_and_ps(sign, y)));
+            r[i] = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvttps_epi32(t), hi), lo);
+            _mm256_storeu_si256((__m256i *)(q + b * QK + 16 * i), _mm512_cvtepi32_epi16(r[i]));
+        }
+        int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(r[0], r[1]));
+        s[b] = sum, d[b] = db;
+        if (amx) {
+            int8_t *row = amx + (size_t)b * 1024;
+            for (int i = 0; i < 2; i++) {
+                _mm_storeu_si128((__m128i *)(row + 16 * i), _mm512_cvtepi32_epi8(_mm512_srai_epi32(r[i], 8)));
+                _mm_storeu_si128((__m128i *)(row + 32 + 16 * i),
+                                 _mm512_cvtepi32_epi8(_mm512_and_si512(r[i], _mm512_set1_epi32(255))));
+            }
+            ms[b] = db * (float)sum;
+        }
+    }
+}
+
 /* One token's int16 row as bytes for the one-token kernels: q = 256 * hi + lo exactly, hi = q >> 8 (in [-128, 127]) and
    lo = q & 255 (in [0, 255]); per block its 32 hi bytes then its 32 lo bytes (xb), and the sums of q over each 16-input
    half (hs[2b + h]: exact in int32). */
@@ -469,10 +521,14 @@ static void quantize_row_any(const float *x, int n, void *q, float *d, int32_t *
     quantize_row_generic(x, n, q, d, s, q8);
 }
 
-/* exposed for tests: one row quantized (q8: to 8 bits) by the generic (0) or the AVX2 (1) code; -1 where that
-   cannot run */
+/* exposed for tests: one row quantized (q8: to 8 bits) by the generic (0), the AVX2 (1) or, int16 only, the AVX-512
+   (2) code; -1 where that cannot run */
 static int quantize_row_isa(const float *x, int n, void *q, float *d, int32_t *s, int isa, int q8) {
 #if defined(__x86_64__)
+    if (isa == SC_AVX512VNNI && !q8 && sc_cpu_has_avx512()) {
+        quantize_row_avx512(x, n, q, d, s, NULL, NULL);
+        return 0;
+    }
     if (isa == SC_AVX2 && sc_cpu_has_avx2()) {
         quantize_row_avx2(x, n, q, d, s, q8);
         return 0;
@@ -1394,8 +1450,8 @@ static void tile1_avx2(const sc_linear *L, int t, const q16_rows *xq, float *out
    tile products as the same exact int32 as the other variants' (|256 * sum(w * hi)| < 2^27); the float steps that
    follow are tile_generic's, in its order, token by token. Weights are q = u - zero in [-128, 127] for every kind.
    A token's block is one 64-byte tile row, its 32 hi bytes then its 32 lo bytes, the rows of 16 tokens' block
-   side by side (amx_split: one contiguous kilobyte per tile, where rows a token apart fell in one cache set), times two
-   weight tiles of 16 rows of 4 inputs: the block's weights in rows 0-7 and zeros in 8-15 give sum(w * hi) (TDPBSSD:
+   side by side (written by quantize_row_avx512: one contiguous kilobyte per tile, where rows a token apart fell in
+   one cache set), times two weight tiles of 16 rows of 4 inputs: the block's weights in rows 0-7 and zeros in 8-15 give sum(w * hi) (TDPBSSD:
    signed bytes), zeros then the weights give sum(w * lo) (TDPBUSD: the token's bytes unsigned); W6 takes a pair of
    such tiles per 16-input half, whose scale is its own. Tiles: 0-2 and 3-5 two sets of (hi sums, lo sums, tokens),
    so that one group of 16 tokens is multiplied while the previous group's sums are scaled; 6-7 the weights. */
@@ -1581,22 +1637,6 @@ static void tiles_amx(const sc_linear *L, int t, const int8_t *amx, const float 
     BY_KIND(L->kind, tiles_amx_kind, L, t, amx, xd, xms, m, out);
 }
 
-/* q16 rows [begin, end) as AMX tiles: token i's block b at ((i / 16) * nb + b) * 1024 + (i % 16) * 64, its 32 hi
-   bytes then its 32 lo bytes; and each block's d * sum(q) */
-__attribute__((target("avx512f,avx512bw")))
-static void amx_split(const q16_rows *xq, int begin, int end) {
-    size_t n_in = (size_t)xq->n_in, nb = n_in / QK;
-    for (size_t i = (size_t)begin * nb; i < (size_t)end * nb; i++) xq->ms[i] = xq->d[i] * (float)xq->s[i];
-    for (size_t i = (size_t)begin; i < (size_t)end; i++) {
-        int8_t *row = xq->amx + (i / AMX_ROWS) * nb * 1024 + (i % AMX_ROWS) * 64;
-        for (size_t b = 0; b < nb; b++) {
-            __m512i v = _mm512_loadu_si512(xq->q + i * n_in + b * QK);
-            _mm256_storeu_si256((__m256i *)(row + b * 1024), _mm512_cvtepi16_epi8(_mm512_srai_epi16(v, 8)));
-            _mm256_storeu_si256((__m256i *)(row + b * 1024 + 32),
-                                _mm512_cvtepi16_epi8(_mm512_and_si512(v, _mm512_set1_epi16(255))));
-        }
-    }
-}
 #endif
 
 typedef void (*tile_fn)(const sc_linear *, int, const int16_t *, const float *, const int32_t *, float *);
@@ -1894,9 +1934,20 @@ typedef struct { const float *x; int n_in; q16_rows *out; int q8, planes; } quan
 static void quantize_range(void *p, int begin, int end, int worker) {
     const quantize_job *J = p;
     (void)worker;
+#if defined(__x86_64__)
+    if (!J->q8 && sc_cpu_has_avx512()) {  /* with the AMX planes (AMX implies AVX-512) from the same registers */
+        const q16_rows *o = J->out;
+        size_t n_in = (size_t)J->n_in, nb = n_in / QK;
+        for (size_t i = (size_t)begin; i < (size_t)end; i++)
+            quantize_row_avx512(J->x + i * n_in, J->n_in, o->q + i * n_in, o->d + i * nb, o->s + i * nb,
+                                J->planes ? o->amx + (i / AMX_ROWS) * nb * 1024 + (i % AMX_ROWS) * 64 : NULL,
+                                J->planes ? o->ms + i * nb : NULL);
+        if (o->xb) split_bytes_avx2(o->q, J->n_in, o->xb, o->hs);  /* one token: row 0 */
+        return;
+    }
+#endif
     for (int i = begin; i < end; i++) quantize_one(J->x, i, J->n_in, J->out, J->q8);
 #if defined(__x86_64__)
-    if (J->planes) amx_split(J->out, begin, end);
     if (J->out->xb) split_bytes_avx2(J->out->q, J->n_in, J->out->xb, J->out->hs);  /* one token: row 0 */
 #endif
 }
