@@ -346,6 +346,8 @@ def test_activation_quantizer_paths_give_the_same_bits():
     odd[100] = np.nan
     odd[101] = 5.0
     rows.append(odd)
+    late = np.float32([5.0] + [0.5] * 7 + [np.nan] + [0.5] * 7 + [1.0] * 16)  # a NaN after its lane's maximum
+    rows += [late, late[::-1].copy()]
     lib = library()
     ok = 0
     for x in rows:

@@ -373,9 +373,9 @@ static void quantize_row_avx2(const float *x, int n, void *q, float *d, int32_t 
     for (int b = 0; b < n / QK; b++) {
         const float *xb = x + b * QK;
         __m256 v[4], m = _mm256_setzero_ps();
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < 4; i++) {  /* MAXPS returns its second operand where either is a NaN: NaNs are skipped */
             v[i] = _mm256_loadu_ps(xb + 8 * i);
-            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+            m = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), m);
         }
         float mm[8], amax = 0.0f;
         _mm256_storeu_ps(mm, m);
@@ -415,32 +415,26 @@ static void quantize_row_avx2(const float *x, int n, void *q, float *d, int32_t 
     }
 }
 
-/* The int16 quantizer with AVX-512, the same bits again: the lanes' running maxima taken as the AVX2 code takes them
-   (8 lanes over the block's four groups of 8, from 0), their maximum over lanes with NaNs as 0 (the scalar loop's
+/* The int16 quantizer with AVX-512, the same bits again: the maximum of |x| with NaNs skipped (as the scalar loop's
    comparisons skip them; max is exact in any order), the same products and rounding per element, the sum exact. With
    amx, AMX's planes are written from the same registers: token i's block b at ((i / 16) * nb + b) * 1024 +
    (i % 16) * 64 (amx: the row of token i's block 0), its 32 hi bytes then its 32 lo bytes (q = 256 * hi + lo), and
    ms[b] = d * sum(q). */
 static int sc_cpu_has_avx512(void) {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
 }
 
-__attribute__((target("avx512f,avx512bw")))
+__attribute__((target("avx512f,avx512bw,avx512dq")))
 static void quantize_row_avx512(const float *x, int n, int16_t *q, float *d, int32_t *s, int8_t *amx, float *ms) {
     const __m512 sign = _mm512_set1_ps(-0.0f), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
     const __m512i hi = _mm512_set1_epi32(32767), lo = _mm512_set1_epi32(-32767);
     for (int b = 0; b < n / QK; b++) {
         const float *xb = x + b * QK;
         __m512 v[2] = {_mm512_loadu_ps(xb), _mm512_loadu_ps(xb + 16)};
-        __m256 m = _mm256_setzero_ps();
-        for (int i = 0; i < 4; i++)
-            m = _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(xb + 8 * i)));
-        m = _mm256_blendv_ps(m, _mm256_setzero_ps(), _mm256_cmp_ps(m, m, _CMP_UNORD_Q));
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
-        float amax = _mm_cvtss_f32(m4);
+        __m512 m = _mm512_max_ps(_mm512_andnot_ps(sign, v[1]), _mm512_max_ps(_mm512_andnot_ps(sign, v[0]),
+                                                                            _mm512_setzero_ps()));
+        float amax = _mm512_reduce_max_ps(m);  /* NaNs skipped above, as the scalar comparisons skip them */
         float db = amax / 32767.0f;
         float id = db != 0.0f ? 32767.0f / amax : 0.0f;
         const __m512 vid = _mm512_set1_ps(id);
@@ -2335,6 +2329,7 @@ static void attention_heads(void *p, int begin, int end, int worker) {
         int jlo = 0, jhi = n_kv, cells[8], nc = 0;
         while (jlo < jhi && !mk[jlo]) jlo++;
         while (jhi > jlo && !mk[jhi - 1]) jhi--;
+        if (jlo == jhi) jlo = jhi = 0;  /* none: no pointer past the cache's end */
         for (int j = jlo; j <= jhi; j++) {
             if (j < jhi) {
                 if (!mk[j]) continue;
