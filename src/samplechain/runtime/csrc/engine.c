@@ -1604,7 +1604,10 @@ static inline void tiles_amx_kind(const sc_linear *L, int t, const int8_t *amx, 
                 const int8_t *wb = w[b & 1], *wh = halves == 2 ? wb + AMX_HALF * h + 1024 - 256 * h : wb + 512;
                 _tile_loadd(6, wh, 64);
                 _tile_loadd(7, wh - 512, 64);
-                if (h == halves - 1 && b + 1 < nb) amx_weights(L, (size_t)t * nb + b + 1, kind, w[(b + 1) & 1]);
+                if (h == halves - 1 && b + 1 < nb) {
+                    prefetch_ahead(L->q + ((size_t)t * nb + b + 1) * block_bytes(kind), block_bytes(kind));
+                    amx_weights(L, (size_t)t * nb + b + 1, kind, w[(b + 1) & 1]);
+                }
             }
             amx_group(iu & 1, amx + ((size_t)g * nb + b) * 1024, 64, sums[iu3][0][0], sums[iu3][1][0]);
             iu++, iu3 = iu3 == 2 ? 0 : iu3 + 1;
