@@ -422,7 +422,8 @@ static void quantize_row_avx2(const float *x, int n, void *q, float *d, int32_t 
    ms[b] = d * sum(q). */
 static int sc_cpu_has_avx512(void) {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq");
 }
 
 __attribute__((target("avx512f,avx512bw,avx512dq")))
@@ -1458,9 +1459,9 @@ static void tile1_avx2(const sc_linear *L, int t, const q16_rows *xq, float *out
    follow are tile_generic's, in its order, token by token. Weights are q = u - zero in [-128, 127] for every kind.
    A token's block is one 64-byte tile row, its 32 hi bytes then its 32 lo bytes, the rows of 16 tokens' block
    side by side (written by quantize_row_avx512: one contiguous kilobyte per tile, where rows a token apart fell in
-   one cache set), times two weight tiles of 16 rows of 4 inputs: the block's weights in rows 0-7 and zeros in 8-15 give sum(w * hi) (TDPBSSD:
-   signed bytes), zeros then the weights give sum(w * lo) (TDPBUSD: the token's bytes unsigned); W6 takes a pair of
-   such tiles per 16-input half, whose scale is its own. Tiles: 0-2 and 3-5 two sets of (hi sums, lo sums, tokens),
+   one cache set), times two weight tiles of 16 rows of 4 inputs: the block's weights in rows 0-7 and zeros in 8-15
+   give sum(w * hi) (TDPBSSD: signed bytes), zeros then the weights give sum(w * lo) (TDPBUSD: the token's bytes
+   unsigned); W6 takes a pair of such tiles per 16-input half, whose scale is its own. Tiles: 0-2 and 3-5 two sets of (hi sums, lo sums, tokens),
    so that one group of 16 tokens is multiplied while the previous group's sums are scaled; 6-7 the weights. */
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
@@ -1668,7 +1669,8 @@ int sc_isa_supported(int isa) {
         if (isa == SC_AMX) {  /* CPUID leaf 7: AMX-TILE (EDX bit 24) and AMX-INT8 (bit 25) */
             unsigned a, b, c, d;
             __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
-            ok = ok && ((d >> 24) & 3) == 3 && amx_permitted();
+            /* and AVX512DQ: the AVX-512 quantizer writes the byte planes that the tiles read */
+            ok = ok && ((d >> 24) & 3) == 3 && sc_cpu_has_avx512() && amx_permitted();
         }
         return ok;
     }
@@ -1954,11 +1956,9 @@ static void quantize_range(void *p, int begin, int end, int worker) {
             quantize_row_avx512(J->x + i * n_in, J->n_in, o->q + i * n_in, o->d + i * nb, o->s + i * nb,
                                 J->planes ? o->amx + (i / AMX_ROWS) * nb * 1024 + (i % AMX_ROWS) * 64 : NULL,
                                 J->planes ? o->ms + i * nb : NULL);
-        if (o->xb) split_bytes_avx2(o->q, J->n_in, o->xb, o->hs);  /* one token: row 0 */
-        return;
-    }
+    } else
 #endif
-    for (int i = begin; i < end; i++) quantize_one(J->x, i, J->n_in, J->out, J->q8);
+        for (int i = begin; i < end; i++) quantize_one(J->x, i, J->n_in, J->out, J->q8);
 #if defined(__x86_64__)
     if (J->out->xb) split_bytes_avx2(J->out->q, J->n_in, J->out->xb, J->out->hs);  /* one token: row 0 */
 #endif
