@@ -347,7 +347,10 @@ typedef struct {
     int16_t *q; float *d; int32_t *s;  /* per token: n_in int16, n_in/32 scales and sums */
     int n_in;
     int8_t *amx;  /* AMX: q = 256 * hi + lo as tiles: per 16 tokens and block, per token 32 hi then 32 lo bytes */
-    float *ms;    /* AMX: per token and block d * sum(q), the minima's factor (the same product as the others') */
+    /* AMX: per 16 tokens and block, the tokens' d then their d * sum(q) (the minima's factor, the same product as the
+       others'): the 32 floats a tile's sums are scaled with on two cache lines, where a token's scales strided by
+       its row (n_in / 32 floats: at n_in 8192 sixteen tokens' rows fell in four cache sets) */
+    float *xs;
     /* one token (decode) on x86: q = 256 * hi + lo as bytes, per block its 32 hi (signed) then its 32 lo (unsigned)
        bytes, and the sums of q over each 16-input half (hs[2b + h]); NULL where the call has several tokens */
     int8_t *xb;
@@ -419,7 +422,7 @@ static void quantize_row_avx2(const float *x, int n, void *q, float *d, int32_t 
    comparisons skip them; max is exact in any order), the same products and rounding per element, the sum exact. With
    amx, AMX's planes are written from the same registers: token i's block b at ((i / 16) * nb + b) * 1024 +
    (i % 16) * 64 (amx: the row of token i's block 0), its 32 hi bytes then its 32 lo bytes (q = 256 * hi + lo), and
-   ms[b] = d * sum(q). */
+   its scales at ((i / 16) * nb + b) * 32 + i % 16 (xs: token i's of block 0): d, and 16 floats on, d * sum(q). */
 static int sc_cpu_has_avx512(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -427,7 +430,7 @@ static int sc_cpu_has_avx512(void) {
 }
 
 __attribute__((target("avx512f,avx512bw,avx512dq")))
-static void quantize_row_avx512(const float *x, int n, int16_t *q, float *d, int32_t *s, int8_t *amx, float *ms) {
+static void quantize_row_avx512(const float *x, int n, int16_t *q, float *d, int32_t *s, int8_t *amx, float *xs) {
     const __m512 sign = _mm512_set1_ps(-0.0f), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
     const __m512i hi = _mm512_set1_epi32(32767), lo = _mm512_set1_epi32(-32767);
     for (int b = 0; b < n / QK; b++) {
@@ -457,7 +460,7 @@ static void quantize_row_avx512(const float *x, int n, int16_t *q, float *d, int
                 _mm_storeu_si128((__m128i *)(row + 32 + 16 * i),
                                  _mm512_cvtepi32_epi8(_mm512_and_si512(r[i], _mm512_set1_epi32(255))));
             }
-            ms[b] = db * (float)sum;
+            xs[(size_t)b * 32] = db, xs[(size_t)b * 32 + 16] = db * (float)sum;
         }
     }
 }
@@ -1577,8 +1580,8 @@ static inline void amx_zeros(int8_t *w, const int kind) {
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma,amx-tile,amx-int8"), always_inline))
-static inline void tiles_amx_kind(const sc_linear *L, int t, const int8_t *amx, const float *xd0, const float *xms0,
-                                  int m, float *const *out, const int kind) {
+static inline void tiles_amx_kind(const sc_linear *L, int t, const int8_t *amx, const float *xs0, int m,
+                                  float *const *out, const int kind) {
     const int nb = L->n_in / QK, halves = kind == SC_W6 ? 2 : 1, groups = (m + AMX_ROWS - 1) / AMX_ROWS;
     const int units = nb * halves * groups;
     __m512 acc[AMX_CHUNK];  /* set by the first block's scaling (zeroing them first was a memset call per call) */
@@ -1621,7 +1624,7 @@ static inline void tiles_amx_kind(const sc_linear *L, int t, const int8_t *amx, 
         const int g = sg, b = sb, h = sh;
         const int with_m = L->m && h == halves - 1, first = b == 0 && h == 0;
         const __m512 d = dv[sb3][h], mb = mv[sb3];
-        const float *xd = xd0 + (size_t)g * AMX_ROWS * nb + b, *xms = xms0 + (size_t)g * AMX_ROWS * nb + b;
+        const float *xd = xs0 + ((size_t)g * nb + b) * 32, *xms = xd + 16;
         __m512 *ac = acc + g * AMX_ROWS;
         int32_t (*su)[AMX_ROWS][TILE] = sums[su3];
         su3 = su3 == 2 ? 0 : su3 + 1;
@@ -1633,18 +1636,17 @@ static inline void tiles_amx_kind(const sc_linear *L, int t, const int8_t *amx, 
         for (int j = 0; j < AMX_ROWS; j++) {
             __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(su[0][j]), 8),
                                            _mm512_load_si512(su[1][j]));
-            __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(xd[(size_t)j * nb])),
+            __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(xd[j])),
                                        first ? _mm512_setzero_ps() : ac[j]);
-            ac[j] = with_m ? _mm512_fmadd_ps(mb, _mm512_set1_ps(xms[(size_t)j * nb]), a) : a;
+            ac[j] = with_m ? _mm512_fmadd_ps(mb, _mm512_set1_ps(xms[j]), a) : a;
         }
     }
     for (int j = 0; j < m; j++) _mm512_storeu_ps(out[j], acc[j]);
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma,amx-tile,amx-int8")))
-static void tiles_amx(const sc_linear *L, int t, const int8_t *amx, const float *xd, const float *xms, int m,
-                      float *const *out) {
-    BY_KIND(L->kind, tiles_amx_kind, L, t, amx, xd, xms, m, out);
+static void tiles_amx(const sc_linear *L, int t, const int8_t *amx, const float *xs, int m, float *const *out) {
+    BY_KIND(L->kind, tiles_amx_kind, L, t, amx, xs, m, out);
 }
 
 #endif
@@ -1823,12 +1825,12 @@ static void tile_rows(const sc_linear *L, int t, int n, const float *xf, const q
            struct copy cannot be served from the store buffer, so they waited for every older store, the previous
            item's outputs included (with the memset that took the wait next, 2-3 % of a 1B prompt) */
         const int8_t *amx = xq->amx;
-        const float *xd = xq->d, *xms = xq->ms;
+        const float *xs = xq->xs;
         for (int i = 0; i < amx_n; i += AMX_CHUNK) {
             int m = amx_n - i < AMX_CHUNK ? amx_n - i : AMX_CHUNK;
             float *o[AMX_CHUNK];
             for (int j = 0; j < m; j++) o[j] = y + (size_t)(i + j) * ld + t * TILE;
-            tiles_amx(L, t, amx + (size_t)i * 2 * L->n_in, xd + (size_t)i * nbq, xms + (size_t)i * nbq, m, o);
+            tiles_amx(L, t, amx + (size_t)i * 2 * L->n_in, xs + (size_t)i * 2 * nbq, m, o);
         }
         if (amx_n == n) return;
         rest = *xq;
@@ -1911,7 +1913,7 @@ static void matmul_tiles(void *p, int begin, int end, int worker) {
             xq.d += i0 * nb;
             xq.s += i0 * nb * (is_q8(J->isa) ? 2 : 1);
         }
-        if (xq.amx) xq.amx += 2 * i0 * n_in, xq.ms += i0 * nb;
+        if (xq.amx) xq.amx += 2 * i0 * n_in, xq.xs += 2 * i0 * nb;  /* i0: whole groups of 16 */
         tile_rows(L, g - J->first[s], m, J->xf ? J->xf + i0 * n_in : NULL, &xq,
                   J->y + (size_t)i0 * J->ld + J->col[s], J->ld, J->isa);
     }
@@ -1955,7 +1957,7 @@ static void quantize_range(void *p, int begin, int end, int worker) {
         for (size_t i = (size_t)begin; i < (size_t)end; i++)
             quantize_row_avx512(J->x + i * n_in, J->n_in, o->q + i * n_in, o->d + i * nb, o->s + i * nb,
                                 J->planes ? o->amx + (i / AMX_ROWS) * nb * 1024 + (i % AMX_ROWS) * 64 : NULL,
-                                J->planes ? o->ms + i * nb : NULL);
+                                J->planes ? o->xs + (i / AMX_ROWS) * nb * 32 + i % AMX_ROWS : NULL);
     } else
 #endif
         for (int i = begin; i < end; i++) quantize_one(J->x, i, J->n_in, J->out, J->q8);
@@ -1974,7 +1976,7 @@ static void quantize_rows(const float *x, int n, int n_in, q16_rows *out, int nt
 /* y = L(x), quantizing x first when some of the weights are integers */
 static void linear(const sc_linear *L, int n, const float *x, q16_rows *scratch, float *y, int isa, int nt) {
     q16_rows q = *scratch;
-    if (isa != SC_AMX || n < AMX_MIN) q.amx = NULL, q.ms = NULL;  /* tile_rows takes the AMX path where they are set */
+    if (isa != SC_AMX || n < AMX_MIN) q.amx = NULL, q.xs = NULL;  /* tile_rows takes the AMX path where they are set */
     if (n != 1 || is_q8(isa)) q.xb = NULL, q.hs = NULL;  /* and the one-token byte path where these are */
     if (chain_quantized(L)) quantize_rows(x, n, L->n_in, &q, nt, is_q8(isa), q.amx != NULL);
     matmul(L, n, x, &q, y, isa, nt);
@@ -1986,15 +1988,14 @@ static void linear(const sc_linear *L, int n, const float *x, q16_rows *scratch,
 static int q16_alloc(q16_rows *q, int n, size_t n_in, size_t one_in, int isa) {
     memset(q, 0, sizeof *q);
     q->q = malloc(sizeof(int16_t) * (size_t)n * n_in);
-    size_t padded = ((size_t)n + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS;  /* AMX reads the scales of whole groups */
-    q->d = calloc(padded * (n_in / QK), sizeof(float));
+    q->d = malloc(sizeof(float) * (size_t)n * (n_in / QK));
     q->s = malloc(sizeof(int32_t) * (size_t)n * (n_in / 16));  /* 8-bit activations: two sums per block */
     int ok = q->q && q->d && q->s;
     if (ok && isa == SC_AMX && n >= AMX_MIN) {  /* rows padded: a tile reads AMX_ROWS of them */
         size_t rows = ((size_t)n + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS;
         q->amx = calloc(rows * n_in, 2);
-        q->ms = calloc(padded * (n_in / QK), sizeof(float));
-        ok = q->amx && q->ms;
+        q->xs = calloc(2 * rows * (n_in / QK), sizeof(float));
+        ok = q->amx && q->xs;
     }
 #if defined(__x86_64__)
     if (ok && (isa == SC_AVX2 || isa == SC_AVX512VNNI || isa == SC_AMX)) {  /* one token's bytes (a row's worth) */
@@ -2007,7 +2008,7 @@ static int q16_alloc(q16_rows *q, int n, size_t n_in, size_t one_in, int isa) {
 }
 
 static void q16_free(q16_rows *q) {
-    free(q->q); free(q->d); free(q->s); free(q->amx); free(q->ms); free(q->xb); free(q->hs);
+    free(q->q); free(q->d); free(q->s); free(q->amx); free(q->xs); free(q->xb); free(q->hs);
 }
 
 /* exposed for tests and kernel timing: one linear on float rows */
