@@ -14,7 +14,8 @@ allocates; the process's RSS before loading (Python, and for us torch) is report
 share. Load times are warm on both sides: llama.cpp maps its file (in the page cache after the first run), we map our
 packed weights, cached by a first load in a process of its own whose time is shown as "first load" (it packs only when
 the model has no cache yet). The KV caches are both 16-bit (f16, both defaults). Last, one token through each kind of
-matrix of ours as GB/s of the weights it reads, beside numpy's stream-copy bandwidth on the same machine.
+matrix of ours as GB/s of the weights it reads, cached and from memory, beside the machine's own memory bandwidth
+(numpy's stream copy, torch's 2-thread read).
 Run: ``python -m benchmarks.bench_models`` (needs the bench extra: llama-cpp-python).
 """
 
@@ -120,8 +121,11 @@ def run_load(path: str) -> dict:
 
 
 def run_bandwidth(path: str, repeats: int) -> dict:
-    """GB/s of one token through each kind of matrix (the packed bytes read per product), and the machine's
-    stream-copy bandwidth (numpy copying 512 MiB: read + write), in one process, 2 threads."""
+    """GB/s of one token through each kind of matrix (the packed bytes read per product), in one process, 2 threads:
+    "cached", the product repeated (a matrix that fits the last-level cache is read from it), and "from memory", each
+    product after 1 GiB has been read to evict the caches (a decode step streams every weight once, as the largest
+    matrix, the output, always is); beside the machine's memory bandwidth: numpy's stream copy of 512 MiB (read +
+    write, one thread) and torch's sum of 1 GiB (read, 2 threads)."""
     import ctypes
 
     import torch
@@ -134,19 +138,25 @@ def run_bandwidth(path: str, repeats: int) -> dict:
     isa = t.kernel.removeprefix("c-")
     lib = library()
     out = {}
+    torch.set_num_threads(2)
+    flush = torch.ones(1 << 28, dtype=torch.float32)  # 1 GiB
     linears = {"output": t.output, **{role: getattr(t.layers[len(t.layers) // 2], role)
                                       for role in ("qkv", "wo", "gate_up", "down")}}
     for role, lin in linears.items():
         packed, own = lin.engine_form
         x = np.random.default_rng(0).standard_normal((1, lin.shape[1])).astype(np.float32)
         y = np.empty((1, lin.shape[0]), dtype=np.float32)
-        times = []
-        for _ in range(5 * repeats):
-            t0 = time.perf_counter()
-            lib.sc_linear_forward(ctypes.byref(packed), 1, ctypes.c_void_p(x.ctypes.data),
-                                  ctypes.c_void_p(y.ctypes.data), ALL_ISAS[isa], torch.get_num_threads())
-            times.append(time.perf_counter() - t0)
-        out[f"{role} {lin.shape[0]}x{lin.shape[1]} {lin.form}"] = packed_bytes(own) / statistics.median(times) / 1e9
+        for where in ("cached", "from memory"):
+            times = []
+            for _ in range(5 * repeats):
+                if where == "from memory":
+                    flush.sum()
+                t0 = time.perf_counter()
+                lib.sc_linear_forward(ctypes.byref(packed), 1, ctypes.c_void_p(x.ctypes.data),
+                                      ctypes.c_void_p(y.ctypes.data), ALL_ISAS[isa], 2)
+                times.append(time.perf_counter() - t0)
+            rate = packed_bytes(own) / statistics.median(times) / 1e9
+            out[f"{role} {lin.shape[0]}x{lin.shape[1]} {lin.form} ({where})"] = rate
     a = np.ones(1 << 27, dtype=np.float32)
     b = np.empty_like(a)
     times = []
@@ -155,6 +165,12 @@ def run_bandwidth(path: str, repeats: int) -> dict:
         np.copyto(b, a)
         times.append(time.perf_counter() - t0)
     out["stream copy (numpy, 1 thread: read + write)"] = 2 * a.nbytes / min(times) / 1e9
+    times = []
+    for _ in range(3 * repeats):
+        t0 = time.perf_counter()
+        flush.sum()
+        times.append(time.perf_counter() - t0)
+    out["memory read (torch sum, 2 threads)"] = flush.numel() * 4 / min(times) / 1e9
     return out
 
 
