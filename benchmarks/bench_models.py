@@ -123,9 +123,10 @@ def run_load(path: str) -> dict:
 def run_bandwidth(path: str, repeats: int) -> dict:
     """GB/s of one token through each kind of matrix (the packed bytes read per product), in one process, 2 threads:
     "cached", the product repeated (a matrix that fits the last-level cache is read from it), and "from memory", each
-    product after 1 GiB has been read to evict the caches (a decode step streams every weight once, as the largest
-    matrix, the output, always is); beside the machine's memory bandwidth: numpy's stream copy of 512 MiB (read +
-    write, one thread) and torch's sum of 1 GiB (read, 2 threads)."""
+    product after numpy has read 1 GiB to evict the caches (a decode step streams every weight once, as the largest
+    matrix, the output, always is; numpy's one thread, as torch's pool would spin on a CPU after its sum and slow the
+    product by a third); beside the machine's memory bandwidth: numpy's stream copy of 512 MiB (read + write, one
+    thread) and, last, torch's sum of 1 GiB (read, 2 threads)."""
     import ctypes
 
     import torch
@@ -138,8 +139,7 @@ def run_bandwidth(path: str, repeats: int) -> dict:
     isa = t.kernel.removeprefix("c-")
     lib = library()
     out = {}
-    torch.set_num_threads(2)
-    flush = torch.ones(1 << 28, dtype=torch.float32)  # 1 GiB
+    flush = np.ones(1 << 28, dtype=np.float32)  # 1 GiB
     linears = {"output": t.output, **{role: getattr(t.layers[len(t.layers) // 2], role)
                                       for role in ("qkv", "wo", "gate_up", "down")}}
     for role, lin in linears.items():
@@ -165,12 +165,14 @@ def run_bandwidth(path: str, repeats: int) -> dict:
         np.copyto(b, a)
         times.append(time.perf_counter() - t0)
     out["stream copy (numpy, 1 thread: read + write)"] = 2 * a.nbytes / min(times) / 1e9
+    torch.set_num_threads(2)
+    read = torch.from_numpy(flush)
     times = []
     for _ in range(3 * repeats):
         t0 = time.perf_counter()
-        flush.sum()
+        read.sum()
         times.append(time.perf_counter() - t0)
-    out["memory read (torch sum, 2 threads)"] = flush.numel() * 4 / min(times) / 1e9
+    out["memory read (torch sum, 2 threads)"] = flush.nbytes / min(times) / 1e9
     return out
 
 
