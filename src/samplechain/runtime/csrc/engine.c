@@ -418,17 +418,18 @@ static void quantize_row_avx2(const float *x, int n, void *q, float *d, int32_t 
     }
 }
 
-/* The int16 quantizer with AVX-512, the same bits again: the maximum of |x| with NaNs skipped (as the scalar loop's
-   comparisons skip them; max is exact in any order), the same products and rounding per element, the sum exact. With
-   amx, AMX's planes are written from the same registers: token i's block b at ((i / 16) * nb + b) * 1024 +
-   (i % 16) * 64 (amx: the row of token i's block 0), its 32 hi bytes then its 32 lo bytes (q = 256 * hi + lo), and
-   its scales at ((i / 16) * nb + b) * 32 + i % 16 (xs: token i's of block 0): d, and 16 floats on, d * sum(q). */
+/* what quantize_row_avx512 needs */
 static int sc_cpu_has_avx512(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512dq");
 }
 
+/* The int16 quantizer with AVX-512, the same bits again: the maximum of |x| with NaNs skipped (as the scalar loop's
+   comparisons skip them; max is exact in any order), the same products and rounding per element, the sum exact. With
+   amx, AMX's planes are written from the same registers: token i's block b at ((i / 16) * nb + b) * 1024 +
+   (i % 16) * 64 (amx: the row of token i's block 0), its 32 hi bytes then its 32 lo bytes (q = 256 * hi + lo), and
+   its scales at ((i / 16) * nb + b) * 32 + i % 16 (xs: token i's of block 0): d, and 16 floats on, d * sum(q). */
 __attribute__((target("avx512f,avx512bw,avx512dq")))
 static void quantize_row_avx512(const float *x, int n, int16_t *q, float *d, int32_t *s, int8_t *amx, float *xs) {
     const __m512 sign = _mm512_set1_ps(-0.0f), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
@@ -1464,8 +1465,9 @@ static void tile1_avx2(const sc_linear *L, int t, const q16_rows *xq, float *out
    side by side (written by quantize_row_avx512: one contiguous kilobyte per tile, where rows a token apart fell in
    one cache set), times two weight tiles of 16 rows of 4 inputs: the block's weights in rows 0-7 and zeros in 8-15
    give sum(w * hi) (TDPBSSD: signed bytes), zeros then the weights give sum(w * lo) (TDPBUSD: the token's bytes
-   unsigned); W6 takes a pair of such tiles per 16-input half, whose scale is its own. Tiles: 0-2 and 3-5 two sets of (hi sums, lo sums, tokens),
-   so that one group of 16 tokens is multiplied while the previous group's sums are scaled; 6-7 the weights. */
+   unsigned); W6 takes a pair of such tiles per 16-input half, whose scale is its own. Tiles: 0-2 and 3-5 two sets
+   of (hi sums, lo sums, tokens), so that one group of 16 tokens is multiplied while the previous group's sums are
+   scaled; 6-7 the weights. */
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
