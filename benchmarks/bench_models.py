@@ -8,7 +8,10 @@ choices). Random weights cost the same time as trained ones. The files are built
 
 Fairness: each side runs in its own fresh process (so peak RSS is its own), 2 threads, the same prompt tokens
 (``--prompt-tokens``: 256 and 512 random ids, one batch each) and the same decode rule (``--n`` tokens, EOS ignored,
-llama.cpp's default sampler chain through each side's own sampler, seed 1234); times are medians of ``--repeats``.
+llama.cpp's default sampler chain through each side's own sampler, seed 1234). Both processes load (one after the
+other), then run in turns: ``--repeats`` rounds of one prompt run each, then of one decode run each, the side that
+goes first alternating, after an untimed run each; so a shared host that drifts during the run moves both sides
+alike. Rates are each side's median; the prompt and decode ratios are the medians of the rounds' ratios.
 Peak RSS is measured after loading and after the run (``ru_maxrss``), next to the file size and the KV cache each side
 allocates; the process's RSS before loading (Python, and for us torch) is reported and taken off for the model's own
 share. Load times are warm on both sides: llama.cpp maps its file (in the page cache after the first run), we map our
@@ -42,6 +45,7 @@ SHAPES = {
                                    n_layer=24), 32768),
 }
 N_CTX = 1024
+PAUSE_S = 0.3  # between two timed runs: llama.cpp's OpenMP threads spin for a while after a computation
 
 
 def build(name: str) -> Path:
@@ -73,45 +77,54 @@ def build(name: str) -> Path:
 
 
 def _rss_mib() -> float:
-    """The process's peak resident memory so far."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """The process's peak resident memory so far: Linux's VmHWM, the high-water mark of this program's own memory
+    (``ru_maxrss`` also keeps the parent's, which the child had until its exec: the driver's ~220 MiB was a floor
+    under both sides' figures)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_ours(path: str, tokens: list[int], n: int, repeats: int) -> dict:
-    import torch
+class Ours:
+    """Our side in its worker process: the model loaded, a context for the prompt rounds, ``generate`` for decode."""
 
-    from samplechain import SamplingParams
-    from samplechain.runtime import load_model
+    def __init__(self, path: str, tokens: list[int], n: int) -> None:
+        import torch  # noqa: F401  (part of the process before the model: its RSS is in rss_base_mib)
 
-    rss_base = _rss_mib()  # the interpreter with torch imported, before the model
-    start = time.perf_counter()
-    model = load_model(path, n_threads=2)
-    load_s = time.perf_counter() - start
-    rss_load = _rss_mib()
-    pp, tg = [], []
-    params = SamplingParams(seed=1234, ignore_eos=True)
-    ctx = model.new_context(N_CTX)
-    kv_mib = (ctx.kv.k.numel() * ctx.kv.k.element_size() + ctx.kv.v.numel() * ctx.kv.v.element_size()) / 2**20
-    for _ in range(repeats):
-        ctx.clear()
+        from samplechain import SamplingParams
+        from samplechain.runtime import load_model
+
+        self.rss_base = _rss_mib()  # the interpreter with torch imported, before the model
+        start = time.perf_counter()
+        self.model = load_model(path, n_threads=2)
+        self.load_s = time.perf_counter() - start
+        self.rss_load = _rss_mib()
+        self.tokens, self.n = tokens, n
+        self.params = SamplingParams(seed=1234, ignore_eos=True)
+        self.ctx = self.model.new_context(N_CTX)
+        kv = self.ctx.kv
+        self.kv_mib = (kv.k.numel() * kv.k.element_size() + kv.v.numel() * kv.v.element_size()) / 2**20
+        self.kernel = self.model.transformer.kernel
+
+    def prompt(self) -> float:
+        self.ctx.clear()
         t0 = time.perf_counter()
-        ctx.decode(tokens)
-        pp.append(len(tokens) / (time.perf_counter() - t0))
-    del ctx  # generate makes a context of its own: one KV cache at a time, as llama.cpp's one
-    for _ in range(repeats):
-        for _ in model.generate(tokens[:8], params, n_predict=n, n_ctx=N_CTX):
+        self.ctx.decode(self.tokens)
+        return len(self.tokens) / (time.perf_counter() - t0)
+
+    def decode(self) -> float:
+        self.ctx = None  # generate makes a context of its own: one KV cache at a time, as llama.cpp's one
+        for _ in self.model.generate(self.tokens[:8], self.params, n_predict=self.n, n_ctx=N_CTX):
             pass
-        t = model.timings
-        tg.append(1e3 * t.n_eval / t.eval_ms)
-    del torch
-    return {"load_s": load_s, "rss_load_mib": rss_load, "rss_peak_mib": _rss_mib(), "kv_mib": kv_mib,
-            "rss_base_mib": rss_base, "prompt": statistics.median(pp), "decode": statistics.median(tg),
-            "kernel": model.transformer.kernel}
+        t = self.model.timings
+        return 1e3 * t.n_eval / t.eval_ms
 
 
 def run_load(path: str) -> dict:
     """Our load alone, in a fresh process: the warm load once the packed weights are cached."""
-    import torch  # noqa: F401  (imported before the clock starts, as in run_ours)
+    import torch  # noqa: F401  (imported before the clock starts, as in Ours)
 
     from samplechain.runtime import load_model
 
@@ -176,32 +189,103 @@ def run_bandwidth(path: str, repeats: int) -> dict:
     return out
 
 
-def run_llama(path: str, tokens: list[int], n: int, repeats: int) -> dict:
-    import llama_cpp
+class Llama:
+    """llama.cpp's side in its worker process (llama-cpp-python), driven as ours is."""
 
-    from benchmarks import _llama
-    from benchmarks.bench_generate import llama_rates
+    def __init__(self, path: str, tokens: list[int], n: int) -> None:
+        import llama_cpp
 
-    _llama.without_extra_bufts()
-    rss_base = _rss_mib()
-    start = time.perf_counter()
-    llm = llama_cpp.Llama(path, n_threads=2, n_threads_batch=2, n_ctx=N_CTX, n_batch=512, verbose=False)
-    load_s = time.perf_counter() - start
-    rss_load = _rss_mib()
-    meta = llm.metadata
-    arch = meta["general.architecture"]
-    n_layer, n_kv = int(meta[f"{arch}.block_count"]), int(meta[f"{arch}.attention.head_count_kv"])
-    head = int(meta.get(f"{arch}.attention.key_length", int(meta[f"{arch}.embedding_length"])
-                        // int(meta[f"{arch}.attention.head_count"])))
-    kv_mib = 2 * n_layer * n_kv * head * N_CTX * 2 / 2**20  # f16 cache
-    prompt, decode = llama_rates(llm, tokens, n, repeats)
-    return {"load_s": load_s, "rss_load_mib": rss_load, "rss_peak_mib": _rss_mib(), "kv_mib": kv_mib,
-            "rss_base_mib": rss_base, "prompt": prompt, "decode": decode,
-            "kernel": "llama.cpp"}
+        from benchmarks import _llama
+        from benchmarks.bench_generate import llama_decode_rate  # its imports in rss_base, as ours's torch
+
+        self.decode_rate = llama_decode_rate
+
+        _llama.without_extra_bufts()
+        self.rss_base = _rss_mib()
+        start = time.perf_counter()
+        self.llm = llama_cpp.Llama(path, n_threads=2, n_threads_batch=2, n_ctx=N_CTX, n_batch=512, verbose=False)
+        self.load_s = time.perf_counter() - start
+        self.rss_load = _rss_mib()
+        self.tokens, self.n = tokens, n
+        meta = self.llm.metadata
+        arch = meta["general.architecture"]
+        n_layer, n_kv = int(meta[f"{arch}.block_count"]), int(meta[f"{arch}.attention.head_count_kv"])
+        head = int(meta.get(f"{arch}.attention.key_length", int(meta[f"{arch}.embedding_length"])
+                            // int(meta[f"{arch}.attention.head_count"])))
+        self.kv_mib = 2 * n_layer * n_kv * head * N_CTX * 2 / 2**20  # f16 cache
+        self.kernel = "llama.cpp"
+
+    def prompt(self) -> float:
+        self.llm.reset()
+        t0 = time.perf_counter()
+        self.llm.eval(self.tokens)
+        return len(self.tokens) / (time.perf_counter() - t0)
+
+    def decode(self) -> float:
+        return self.decode_rate(self.llm, self.tokens, self.n)
+
+
+def serve(side: str, path: str, tokens: list[int], n: int) -> None:
+    """A worker process's loop: load, say so with the load time and RSS, then time one prompt or one decode run per
+    line the driver writes ("prompt", "decode"), and at "done" report the peak RSS."""
+    s = (Ours if side == "ours" else Llama)(path, tokens, n)
+    print(json.dumps({"load_s": s.load_s, "rss_base_mib": s.rss_base, "rss_load_mib": s.rss_load,
+                      "kv_mib": s.kv_mib, "kernel": s.kernel}), flush=True)
+    for line in sys.stdin:
+        what = line.strip()
+        if what not in ("prompt", "decode"):
+            break
+        print(json.dumps(getattr(s, what)()), flush=True)
+    print(json.dumps({"rss_peak_mib": _rss_mib()}), flush=True)
+
+
+class Worker:
+    """One side in a fresh process of its own (its own peak RSS), timed on request."""
+
+    def __init__(self, side: str, *args: object) -> None:
+        code = f"from benchmarks.bench_models import serve; serve({side!r}, *{args!r})"
+        self.side, self.err = side, tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.err, text=True)
+        self.info = self._read()
+
+    def _read(self):
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            self.err.seek(0)
+            raise RuntimeError(f"{self.side} failed: {self.err.read()[-3000:]}")
+        return json.loads(line)
+
+    def time(self, what: str) -> float:
+        self.proc.stdin.write(what + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> dict:
+        self.info.update(self.time("done"))
+        self.proc.wait()
+        return self.info
+
+
+def rounds(workers: list[Worker], what: str, repeats: int) -> list[list[float]]:
+    """``repeats`` rounds in which each side runs once, in turn (the first side alternates), so that a host that
+    speeds up or slows down during the run moves both sides alike, after one untimed run each (the first touches the
+    mapped weights); a pause before each run lets the other side's threads stop spinning. [side][round] -> rate."""
+    for w in workers:
+        time.sleep(PAUSE_S)
+        w.time(what)
+    rates: list[list[float]] = [[] for _ in workers]
+    for r in range(repeats):
+        order = range(len(workers)) if r % 2 == 0 else reversed(range(len(workers)))
+        for i in order:
+            time.sleep(PAUSE_S)
+            rates[i].append(workers[i].time(what))
+    return rates
 
 
 def worker(side: str, *args: object) -> dict:
-    """One side in a fresh process (its own peak RSS)."""
+    """A one-shot job (``run_load``, ``run_bandwidth``) in a fresh process."""
     code = (f"import json, sys; from benchmarks.bench_models import run_{side}; "
             f"print(json.dumps(run_{side}{tuple(args)!r}))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -215,7 +299,7 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(SHAPES))
     ap.add_argument("--prompt-tokens", default="256,512", help="prompt lengths, comma-separated")
     ap.add_argument("--n", type=int, default=64, help="decoded tokens")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5, help="rounds of each side's prompt and decode runs")
     ap.add_argument("--no-llama", action="store_true", help="ours only (no anchor)")
     ap.add_argument("--no-bandwidth", action="store_true", help="skip the GB/s per matrix kind")
     args = ap.parse_args()
@@ -229,15 +313,25 @@ def main() -> None:
         first = worker("load", path)  # packs and caches on a first run (else already warm)
         for length in lengths:
             tokens = rng.integers(0, min(vocab, 100000), length).tolist()
-            us = worker("ours", path, tokens, args.n, args.repeats)
-            them = None if args.no_llama else worker("llama", path, tokens, args.n, args.repeats)
-            _report(name, length, us, them, file_mib, first)
+            sides = [Worker("ours", path, tokens, args.n)]  # loaded one after the other, then timed in turns
+            if not args.no_llama:
+                sides.append(Worker("llama", path, tokens, args.n))
+            rates = {what: rounds(sides, what, args.repeats) for what in ("prompt", "decode")}
+            infos = [w.close() for w in sides]
+            for i, info in enumerate(infos):
+                info.update({what: statistics.median(r[i]) for what, r in rates.items()})
+            ratios = None if args.no_llama else {
+                what: statistics.median(a / b for a, b in zip(*r, strict=True)) for what, r in rates.items()}
+            _report(name, length, infos[0], infos[1] if len(infos) > 1 else None, file_mib, first, ratios)
         if not args.no_bandwidth:
-            for what, rate in worker("bandwidth", path, args.repeats).items():
+            for what, rate in worker("bandwidth", path, min(args.repeats, 3)).items():
                 print(f"{name:>14}  {'GB/s ' + what}: {rate:.1f}")
 
 
-def _report(name: str, length: int, us: dict, them: dict | None, file_mib: float, first: dict) -> None:
+def _report(name: str, length: int, us: dict, them: dict | None, file_mib: float, first: dict,
+            ratios: dict | None = None) -> None:
+    """The table's rows; ``ratios``: prompt and decode as the median of the rounds' ratios (each round runs both
+    sides), the other rows as ours / llama.cpp."""
     print(f"{name:>14}  {'prompt tokens':<20} {length:9d}")
     for side in (us, them) if them else (us,):
         side["model_mib"] = side["rss_peak_mib"] - side["rss_base_mib"]
@@ -246,7 +340,7 @@ def _report(name: str, length: int, us: dict, them: dict | None, file_mib: float
                       ("RSS before load MiB", "rss_base_mib"), ("RSS after load MiB", "rss_load_mib"),
                       ("peak RSS MiB", "rss_peak_mib"), ("peak - before MiB", "model_mib")):
         a, b = us[key], them[key] if them else None
-        ratio = f"{a / b:6.2f}" if b else f"{'-':>6}"
+        ratio = f"{(ratios or {}).get(key, a / b if b else 0):6.2f}" if b else f"{'-':>6}"
         anchor = f"{b:10.2f}" if b is not None else f"{'-':>10}"
         print(f"{name:>14}  {what:<20} {a:9.2f} {anchor} {ratio}")
     print(f"{name:>14}  {'file MiB':<20} {file_mib:9.1f}")
