@@ -320,18 +320,19 @@ def main() -> None:
             infos = [w.close() for w in sides]
             for i, info in enumerate(infos):
                 info.update({what: statistics.median(r[i]) for what, r in rates.items()})
-            ratios = None if args.no_llama else {
-                what: statistics.median(a / b for a, b in zip(*r, strict=True)) for what, r in rates.items()}
-            _report(name, length, infos[0], infos[1] if len(infos) > 1 else None, file_mib, first, ratios)
+            by_round = None if args.no_llama else {
+                what: [a / b for a, b in zip(*r, strict=True)] for what, r in rates.items()}
+            ratios = by_round and {what: statistics.median(v) for what, v in by_round.items()}
+            _report(name, length, infos[0], infos[1] if len(infos) > 1 else None, file_mib, first, ratios, by_round)
         if not args.no_bandwidth:
             for what, rate in worker("bandwidth", path, min(args.repeats, 3)).items():
                 print(f"{name:>14}  {'GB/s ' + what}: {rate:.1f}")
 
 
 def _report(name: str, length: int, us: dict, them: dict | None, file_mib: float, first: dict,
-            ratios: dict | None = None) -> None:
-    """The table's rows; ``ratios``: prompt and decode as the median of the rounds' ratios (each round runs both
-    sides), the other rows as ours / llama.cpp."""
+            ratios: dict | None = None, by_round: dict | None = None) -> None:
+    """The table's rows; ``ratios``: prompt and decode as the median of the rounds' ratios (``by_round``, each round
+    runs both sides, printed too), the other rows as ours / llama.cpp."""
     print(f"{name:>14}  {'prompt tokens':<20} {length:9d}")
     for side in (us, them) if them else (us,):
         side["model_mib"] = side["rss_peak_mib"] - side["rss_base_mib"]
@@ -343,6 +344,8 @@ def _report(name: str, length: int, us: dict, them: dict | None, file_mib: float
         ratio = f"{(ratios or {}).get(key, a / b if b else 0):6.2f}" if b else f"{'-':>6}"
         anchor = f"{b:10.2f}" if b is not None else f"{'-':>10}"
         print(f"{name:>14}  {what:<20} {a:9.2f} {anchor} {ratio}")
+    for what, v in (by_round or {}).items():
+        print(f"{name:>14}  {what + ' ratio by round':<20} {' '.join(f'{x:.2f}' for x in v)}")
     print(f"{name:>14}  {'file MiB':<20} {file_mib:9.1f}")
     print(f"{name:>14}  {'KV cache MiB':<20} {us['kv_mib']:9.1f} {them['kv_mib'] if them else 0:10.1f}")
     limit = 1.15 * file_mib + us["kv_mib"]
