@@ -12,7 +12,7 @@ llama.cpp's default sampler chain through each side's own sampler, seed 1234). B
 other), then run in turns: ``--repeats`` rounds of one prompt run each, then of one decode run each, the side that
 goes first alternating, after an untimed run each; so a shared host that drifts during the run moves both sides
 alike. Rates are each side's median; the prompt and decode ratios are the medians of the rounds' ratios.
-Peak RSS is measured after loading and after the run (``ru_maxrss``), next to the file size and the KV cache each side
+Peak RSS is measured after loading and after the run (``VmHWM``), next to the file size and the KV cache each side
 allocates; the process's RSS before loading (Python, and for us torch) is reported and taken off for the model's own
 share. Load times are warm on both sides: llama.cpp maps its file (in the page cache after the first run), we map our
 packed weights, cached by a first load in a process of its own whose time is shown as "first load" (it packs only when
