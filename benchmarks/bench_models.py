@@ -87,6 +87,14 @@ def _rss_mib() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _prompt_rate(clear, run, tokens: list[int]) -> float:
+    """tok/s of one prompt run on an emptied cache: ``clear()``, then ``run(tokens)`` timed."""
+    clear()
+    t0 = time.perf_counter()
+    run(tokens)
+    return len(tokens) / (time.perf_counter() - t0)
+
+
 class Ours:
     """Our side in its worker process: the model loaded, a context for the prompt rounds, ``generate`` for decode."""
 
@@ -109,10 +117,7 @@ class Ours:
         self.kernel = self.model.transformer.kernel
 
     def prompt(self) -> float:
-        self.ctx.clear()
-        t0 = time.perf_counter()
-        self.ctx.decode(self.tokens)
-        return len(self.tokens) / (time.perf_counter() - t0)
+        return _prompt_rate(self.ctx.clear, self.ctx.decode, self.tokens)
 
     def decode(self) -> float:
         self.ctx = None  # generate makes a context of its own: one KV cache at a time, as llama.cpp's one
@@ -216,10 +221,7 @@ class Llama:
         self.kernel = "llama.cpp"
 
     def prompt(self) -> float:
-        self.llm.reset()
-        t0 = time.perf_counter()
-        self.llm.eval(self.tokens)
-        return len(self.tokens) / (time.perf_counter() - t0)
+        return _prompt_rate(self.llm.reset, self.llm.eval, self.tokens)
 
     def decode(self) -> float:
         return self.decode_rate(self.llm, self.tokens, self.n)
