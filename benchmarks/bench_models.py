@@ -259,13 +259,17 @@ class Worker:
             raise RuntimeError(f"{self.side} failed: {self.err.read()[-3000:]}")
         return json.loads(line)
 
-    def time(self, what: str) -> float:
+    def _ask(self, what: str):
         self.proc.stdin.write(what + "\n")
         self.proc.stdin.flush()
         return self._read()
 
+    def time(self, what: str) -> float:
+        """tok/s of one run: ``what`` is "prompt" or "decode"."""
+        return self._ask(what)
+
     def close(self) -> dict:
-        self.info.update(self.time("done"))
+        self.info.update(self._ask("done"))
         self.proc.wait()
         return self.info
 
